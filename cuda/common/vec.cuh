@@ -1,0 +1,39 @@
+// fusedkit/cuda/common/vec.cuh
+// Aligned short vectors: the unit of every global load and store in the memory-bound kernels.
+// Vec<T, N> is N elements of T aligned to sizeof(T) * N, so a Vec of 16 bytes compiles to one
+// LDG.E.128 / STG.E.128. Kernels pick N so that N * sizeof(T) <= 16 and N divides the row length;
+// a row whose length is odd runs with N = 1 (scalar accesses, same code).
+#pragma once
+#include "common/dtypes.cuh"
+
+namespace fk {
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+// Streaming load for data read exactly once (do not keep it in L1).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
+  Vec<T, N> r;
+  if constexpr (sizeof(Vec<T, N>) == 16) {
+    uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    r = *reinterpret_cast<Vec<T, N>*>(&u);
+  } else {
+    r = *reinterpret_cast<const Vec<T, N>*>(p);
+  }
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
+  *reinterpret_cast<Vec<T, N>*>(p) = v;
+}
+
+}  // namespace fk

@@ -1,0 +1,9 @@
+"""fusedkit: fused transformer kernels (CUDA C++ through CuPy/NVRTC) with a NumPy-like API.
+
+Arrays of any framework go in (NumPy, CuPy, PyTorch, JAX, any DLPack producer) and come back in the
+same type. NumPy arrays run on the CPU backend, which is also the GPUs' reference.
+"""
+from ._version import __version__
+from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+
+__all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]

@@ -1,0 +1,25 @@
+"""Environment switches, read once at import (documented in docs/getting_started.md).
+
+FUSEDKIT_DEBUG      0 (default) silent; 1 print the chosen launch config of each new kernel;
+                    2 also name expression, options and compile time; 3 also the full source.
+FUSEDKIT_CACHE_DIR  where compiled kernels (cubin + lowered names) are cached on disk;
+                    default ``$XDG_CACHE_HOME/fusedkit`` or ``~/.cache/fusedkit``.
+FUSEDKIT_NVRTC      path of libnvrtc to use instead of the automatic search.
+"""
+import os
+import sys
+
+DEBUG = int(os.environ.get("FUSEDKIT_DEBUG", "0") or 0)
+
+
+def cache_dir() -> str:
+    d = os.environ.get("FUSEDKIT_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "fusedkit")
+    return d
+
+
+def debug(level: int, msg: str) -> None:
+    if DEBUG >= level:
+        print(f"[fusedkit] {msg}", file=sys.stderr, flush=True)

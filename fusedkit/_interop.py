@@ -1,0 +1,177 @@
+"""Arrays in, arrays out: which framework an input belongs to, raw device views, output allocation,
+and the stream a kernel must launch on.
+
+Rules (docs/interop.md):
+* NumPy arrays (and CPU torch tensors / CPU JAX arrays) run on the CPU backend; the result has the
+  caller's type.
+* CuPy arrays and CUDA torch tensors are read in place (no copy) and the kernels launch on the
+  caller's current stream: CuPy's current stream, or ``torch.cuda.current_stream()``.
+  No call synchronises the device.
+* JAX arrays on a GPU go through ``fusedkit.jax`` (``buffer_callback`` on XLA's stream).
+* Any other object with ``__dlpack__`` is imported with ``cupy.from_dlpack`` (GPU) or
+  ``numpy.from_dlpack`` (CPU).
+* Inputs must be C-contiguous: a strided view raises ValueError (call ``.contiguous()`` /
+  ``cupy.ascontiguousarray``); fusedkit never copies behind your back.
+* All inputs of one call must be on one device and of the same framework.
+* CuPy has no bfloat16 dtype: bf16 data comes in as torch or JAX arrays (or NumPy with ml_dtypes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _dtypes
+
+HOST, CUPY, TORCH, JAX = "host", "cupy", "torch", "jax"
+
+_kind_by_type: dict = {}
+
+
+def framework(x) -> str:
+    """'host' | 'cupy' | 'torch' | 'jax' for an input array."""
+    t = type(x)
+    k = _kind_by_type.get(t)
+    if k is None:
+        root = t.__module__.split(".")[0]
+        if isinstance(x, np.ndarray):
+            k = HOST
+        elif root == "cupy":
+            k = CUPY
+        elif root == "torch":
+            k = TORCH
+        elif root in ("jax", "jaxlib"):
+            k = JAX
+        elif hasattr(x, "__dlpack__"):
+            k = "dlpack"
+        else:
+            raise TypeError(f"fusedkit expects an array (NumPy, CuPy, torch, JAX or any __dlpack__ "
+                            f"producer), got {t.__name__}")
+        _kind_by_type[t] = k
+    if k == TORCH and not x.is_cuda:
+        return "torch_cpu"
+    if k == JAX:
+        return JAX if _jax_on_gpu(x) else "jax_cpu"
+    return k
+
+
+def _jax_on_gpu(x) -> bool:
+    try:
+        return next(iter(x.devices())).platform in ("gpu", "cuda", "rocm")
+    except Exception:  # tracers inside jit: the JAX adapter decides
+        return True
+
+
+# ----------------------------------------------------------------------------------------------------
+# host conversions (torch CPU tensors, JAX CPU arrays <-> NumPy)
+
+def to_numpy(x, kind: str):
+    if kind == HOST:
+        return x
+    if kind == "torch_cpu":
+        import torch
+        if x.dtype == torch.bfloat16:
+            return x.contiguous().view(torch.int16).numpy().view(_dtypes.numpy_dtype("bfloat16"))
+        return x.detach().numpy()
+    if kind == "jax_cpu":
+        return np.asarray(x)
+    if kind == "dlpack":
+        return np.from_dlpack(x)
+    raise AssertionError(kind)
+
+
+def from_numpy(a, kind: str):
+    if a is None or kind in (HOST, "dlpack"):
+        return a
+    if kind == "torch_cpu":
+        import torch
+        if a.dtype == _dtypes.numpy_dtype("bfloat16"):
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(a))
+    if kind == "jax_cpu":
+        import jax.numpy as jnp
+        return jnp.asarray(a)
+    raise AssertionError(kind)
+
+
+# ----------------------------------------------------------------------------------------------------
+# device views
+
+class DevArray:
+    """A C-contiguous device buffer of a caller's array: raw pointer, shape, dtype name, device."""
+
+    __slots__ = ("ptr", "shape", "dtype", "device", "obj")
+
+    def __init__(self, ptr, shape, dtype, device, obj):
+        self.ptr, self.shape, self.dtype, self.device, self.obj = ptr, shape, dtype, device, obj
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+_TORCH_NAME = {}
+
+
+def _torch_dtype_name(dt) -> str:
+    n = _TORCH_NAME.get(dt)
+    if n is None:
+        n = _TORCH_NAME[dt] = str(dt).replace("torch.", "")
+    return n
+
+
+def view(x, kind: str, what: str) -> DevArray:
+    """A DevArray over ``x`` (no copy). Raises on non-contiguous input."""
+    if kind == TORCH:
+        if not x.is_contiguous():
+            raise ValueError(f"fusedkit: `{what}` is not contiguous (strides {tuple(x.stride())}); "
+                             f"call .contiguous() first")
+        return DevArray(x.data_ptr(), tuple(x.shape), _torch_dtype_name(x.dtype), x.device.index, x)
+    if kind == CUPY:
+        if not x.flags.c_contiguous:
+            raise ValueError(f"fusedkit: `{what}` is not C-contiguous (strides {x.strides}); "
+                             f"call cupy.ascontiguousarray first")
+        return DevArray(x.data.ptr, x.shape, x.dtype.name, x.device.id, x)
+    raise AssertionError(kind)
+
+
+def empty(kind: str, like: DevArray, shape, dtype: str):
+    """A new uninitialised array of the caller's framework on ``like``'s device -> (obj, ptr)."""
+    if kind == TORCH:
+        import torch
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=like.obj.device)
+        return t, t.data_ptr()
+    if kind == CUPY:
+        import cupy
+        if dtype == "bfloat16":
+            raise TypeError("CuPy has no bfloat16 dtype: pass torch or JAX arrays for bf16 output, "
+                            "or choose out_dtype='float16' / 'float32'")
+        with cupy.cuda.Device(like.device):
+            a = cupy.empty(shape, dtype=dtype)
+        return a, a.data.ptr
+    raise AssertionError(kind)
+
+
+_ext_streams: dict = {}
+
+
+def stream(kind: str, device: int):
+    """The stream to launch on: the caller framework's current stream on ``device``."""
+    import cupy
+    if kind == TORCH:
+        import torch
+        ptr = torch.cuda.current_stream(device).cuda_stream
+        s = _ext_streams.get((ptr, device))
+        if s is None:
+            s = _ext_streams[(ptr, device)] = cupy.cuda.ExternalStream(ptr, device)
+        return s
+    return cupy.cuda.get_current_stream(device)
+
+
+def same_device(args: list[DevArray]) -> None:
+    d = args[0].device
+    for a in args[1:]:
+        if a is not None and a.device != d:
+            raise ValueError(f"fusedkit: inputs are on different devices ({d} and {a.device}); "
+                             f"move them to one device first")

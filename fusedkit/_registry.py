@@ -1,0 +1,67 @@
+"""The one dispatch table: every op, written as data.
+
+Each entry says which kernel file serves the op, how to pick its launch config, what it supports,
+its byte model (the fewest bytes one call must move, used by benchmarks for GB/s) and its CPU
+reference. The API, the tests, the benchmarks and the compile-all check read this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import reference
+from ._dtypes import FLOAT_DTYPES
+from .backends import cuda_norms
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    file: str                       # kernel family in cuda/
+    config: Callable                # (N, itemsize) -> launch config tuple
+    bytes_moved: Callable           # (M, N, itemsize) -> bytes one call must move
+    reference: Callable             # CPU implementation with the public signature
+    dtypes: tuple = FLOAT_DTYPES
+
+    def supports(self, dtype: str, N: int) -> str | None:
+        """None when supported, else the reason."""
+        if dtype not in self.dtypes:
+            return f"{self.name} supports {', '.join(self.dtypes)}, not {dtype}"
+        if not 1 <= N <= 262144:
+            return f"{self.name} supports rows of 1..262144 elements, not {N}"
+        return None
+
+
+def _fwd_bytes(M, N, s):   # read x, write y
+    return 2 * M * N * s
+
+
+def _fwdbwd_bytes(M, N, s):  # forward 2MN*s + backward (read x, dy; write dx) 3MN*s
+    return 5 * M * N * s
+
+
+OPS = {
+    "layer_norm_fwd": Op("layer_norm_fwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwd_bytes,
+                         reference.layer_norm),
+    "layer_norm_bwd": Op("layer_norm_bwd", cuda_norms.FILE, cuda_norms.bwd_config,
+                         lambda M, N, s: 3 * M * N * s, reference.layer_norm_backward),
+    "layer_norm_fwdbwd": Op("layer_norm_fwdbwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwdbwd_bytes,
+                            reference.layer_norm),
+    "rms_norm_fwd": Op("rms_norm_fwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwd_bytes,
+                       reference.rms_norm),
+    "rms_norm_bwd": Op("rms_norm_bwd", cuda_norms.FILE, cuda_norms.bwd_config,
+                       lambda M, N, s: 3 * M * N * s, reference.rms_norm_backward),
+    "rms_norm_fwdbwd": Op("rms_norm_fwdbwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwdbwd_bytes,
+                          reference.rms_norm),
+}
+
+# name expressions per kernel file, for the compile-all check
+KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions}
+
+
+def all_expressions() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for fam in KERNEL_FAMILIES.values():
+        for f, exprs in fam().items():
+            out.setdefault(f, []).extend(exprs)
+    return out

@@ -1,0 +1,200 @@
+"""CUDA launches for LayerNorm / RMSNorm (kernels in cuda/norms.cu).
+
+Launch configs are small tables, not formulas scattered around: ``fwd_config`` / ``bwd_config`` pick
+the vector width (16-byte accesses when N allows), the warps per row and the vectors per thread, so
+that a row of up to 32 warps x 4 vectors lives in registers; longer rows take the looped kernels.
+Grid sizes of the persistent backward come from the compiled kernel's occupancy.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _env, _jit
+from .._dtypes import CXX, ITEMSIZE
+
+FILE = "norms.cu"
+MAX_ITEMS_FWD = 4   # vectors of 16 B per thread in the forward (4 registers each, raw storage)
+MAX_ITEMS_BWD = 4
+MAX_WARPS_FWD = 32
+MAX_WARPS_BWD = 16  # dweight/dbias accumulators live in registers: 512 threads keep 128 regs/thread
+
+# Tuned (items, warps) per (N, itemsize, direction), from benchmarks/results (see docs/perf_notes.md).
+TUNED: dict = {}
+
+
+def vec_width(N: int, itemsize: int) -> int:
+    v = 16 // itemsize
+    while N % v:
+        v //= 2
+    return v
+
+
+def _rows_config(N, itemsize, max_items, max_warps, direction):
+    vec = vec_width(N, itemsize)
+    t = TUNED.get((N, itemsize, direction))
+    if t is not None:
+        return ("rows", vec) + t
+    nv = N // vec
+    for warps in (1, 2, 4, 8, 16, 32):
+        if warps > max_warps:
+            break
+        items = -(-nv // (32 * warps))
+        if items <= max_items:
+            return ("rows", vec, items, warps)
+    return ("looped", vec)
+
+
+def fwd_config(N: int, itemsize: int):
+    return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd")
+
+
+def bwd_config(N: int, itemsize: int):
+    return _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd")
+
+
+def rows_per_block(warps: int) -> int:
+    return 4 // warps if warps < 4 else 1
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def fwd_expr(cfg, x_dt, w_dt, o_dt, rms) -> str:
+    if cfg[0] == "rows":
+        _, vec, items, warps = cfg
+        return f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+    return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
+
+
+def bwd_expr(cfg, x_dt, w_dt, rms) -> str:
+    if cfg[0] == "rows":
+        _, vec, items, warps = cfg
+        return f"fk::norm_bwd<{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+    return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
+
+
+def bwd_smem_bytes(cfg, rms: bool) -> int:
+    """Dynamic shared memory of norm_bwd: dbias accumulators when a thread owns 32+ columns
+    (mirrors DB_SMEM in cuda/norms.cu)."""
+    if cfg[0] != "rows" or rms:
+        return 0
+    _, vec, items, warps = cfg
+    return rows_per_block(warps) * items * vec * 32 * warps * 4 if items * vec >= 32 else 0
+
+
+def colsum_expr(w_dt) -> str:
+    return f"fk::column_sum<{CXX[w_dt]}>"
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import cupy
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+_occ: dict = {}
+
+
+def _blocks_per_sm(kernel, expr, device, threads, smem) -> int:
+    key = (device, expr, smem)
+    n = _occ.get(key)
+    if n is None:
+        import cupy
+        if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+            kernel.max_dynamic_shared_size_bytes = smem
+        n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
+        if n < 1:
+            raise RuntimeError(f"fusedkit: {expr} cannot launch {threads} threads with {smem} B of "
+                               f"shared memory on device {device}")
+        _occ[key] = n
+    return n
+
+
+def _launch(kernel, grid, block, args, stream, smem=0):
+    kernel.kernel(grid, block, args, smem, stream)
+
+
+_logged: set = set()
+
+
+def _log_config(op, expr, grid, block):
+    if _env.DEBUG >= 1 and expr not in _logged:
+        _logged.add(expr)
+        _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
+
+
+def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero_centered, rms,
+            device, stream, config=None):
+    """Pointers in (0 = absent); writes y, optional x+res (hsum), mean, rstd."""
+    cfg = config or fwd_config(N, ITEMSIZE[x_dt])
+    expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms)
+    k = _jit.get_kernel(FILE, expr, device)
+    if cfg[0] == "rows":
+        warps = cfg[3]
+        rpb = rows_per_block(warps)
+        grid, block = (-(-M // rpb),), (32 * warps, rpb)
+    else:
+        grid, block = (M,), (1024,)
+    _log_config("norm_fwd", expr, grid, block)
+    _launch(k, grid, block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N),
+                             np.float32(eps), np.int32(zero_centered)), stream)
+
+
+def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, rms, device, stream,
+             alloc_f32, config=None):
+    """Writes dx and, when their pointers are given, dw / db (through fp32 partial rows).
+
+    ``alloc_f32(n)`` returns (keep-alive object, pointer) of an n-element fp32 scratch buffer.
+    """
+    cfg = config or bwd_config(N, ITEMSIZE[x_dt])
+    expr = bwd_expr(cfg, x_dt, w_dt, rms)
+    k = _jit.get_kernel(FILE, expr, device)
+    if cfg[0] == "rows":
+        warps = cfg[3]
+        rpb = rows_per_block(warps)
+        block = (32 * warps, rpb)
+        threads = 32 * warps * rpb
+    else:
+        rpb, block, threads = 1, (512,), 512
+    smem = bwd_smem_bytes(cfg, rms)
+    groups = max(1, -(-M // rpb))
+    nblocks = min(groups, _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem))
+    P = nblocks * rpb
+    keep = []
+    dw_part = db_part = 0
+    if dw:
+        o, dw_part = alloc_f32(P * N)
+        keep.append(o)
+    if db and not rms:
+        o, db_part = alloc_f32(P * N)
+        keep.append(o)
+    _log_config("norm_bwd", expr, (nblocks,), block)
+    if M > 0:
+        _launch(k, (nblocks,), block, (dy, x, w, mean, rstd, dx, dw_part, db_part, np.int64(M),
+                                       np.int32(N), np.int32(zero_centered)), stream, smem)
+    rows = P if M > 0 else 0
+    cs = _jit.get_kernel(FILE, colsum_expr(w_dt), device)
+    for part, out in ((dw_part, dw), (db_part, db)):
+        if out:
+            _launch(cs, (-(-N // 32),), (32, 8), (part, np.int64(rows), np.int32(N), out), stream)
+    return keep
+
+
+def all_expressions():
+    """Every instantiation the library can request for the shapes it is tested and benchmarked on:
+    the compile-all check builds these for each target."""
+    exprs = {FILE: set()}
+    Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144)
+    for x_dt in ("float32", "float16", "bfloat16"):
+        for w_dt in sorted({"float32", x_dt}):
+            exprs[FILE].add(colsum_expr(w_dt))
+            for rms in (False, True):
+                for N in Ns:
+                    fc = fwd_config(N, ITEMSIZE[x_dt])
+                    for o_dt in sorted({x_dt, "float32"}):
+                        exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms))
+                    exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt]), x_dt, w_dt, rms))
+    return {f: sorted(e) for f, e in exprs.items()}

@@ -1,0 +1,49 @@
+"""Compile every registered kernel instantiation through NVRTC for each target, without a GPU.
+
+``python -m fusedkit compile-check`` (also a test). For sm_90a it asks ptxas for its resource report
+and fails on any spill (stack frame or spill stores/loads).
+"""
+from __future__ import annotations
+
+import re
+import time
+
+from . import _jit
+from ._registry import all_expressions
+
+TARGETS = ("sm_80", "sm_90a", "sm_100a")
+_SPILL = re.compile(r"Function properties for (\S+)\s*\n\s*ptxas\s*\.\s*(\d+) bytes stack frame, "
+                    r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'.*?Used (\d+) registers", re.S)
+
+
+def run(targets=TARGETS, verbose=True) -> list[str]:
+    """Returns a list of problems (empty when every kernel compiled without spills)."""
+    problems = []
+    for file, exprs in all_expressions().items():
+        for arch in targets:
+            t0 = time.perf_counter()
+            extra = ("-Xptxas=-v",) if arch == "sm_90a" else ()
+            try:
+                res = _jit.compile_cubin(file, exprs, arch, extra)
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+                problems.append(f"{file} {arch}: {str(e)[:4000]}")
+                continue
+            dt = time.perf_counter() - t0
+            if arch == "sm_90a":
+                names = {v: k for k, v in res.lowered.items()}
+                for fn, stack, st, ld in _SPILL.findall(res.log):
+                    if int(stack) or int(st) or int(ld):
+                        problems.append(f"{file} {arch}: {names.get(fn, fn)} spills: {stack} B stack, "
+                                        f"{st} B spill stores, {ld} B spill loads")
+            if verbose:
+                print(f"{file:12s} {arch:8s} {len(exprs):4d} kernels  {dt:6.1f} s  cubin {len(res.cubin)} B")
+    return problems
+
+
+def main() -> int:
+    problems = run()
+    for p in problems:
+        print("FAIL", p)
+    print("compile-check:", "ok" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0

@@ -1,0 +1,217 @@
+"""Public LayerNorm / RMSNorm: validation, then the CPU reference or the CUDA kernels.
+
+Shapes: x is (..., N); weight and bias are (N,); statistics (mean, rstd) are fp32 of shape x.shape[:-1].
+Results come back in the caller's array type (see _interop.py for the rules).
+"""
+from __future__ import annotations
+
+from . import _dtypes, _interop
+from . import reference as _ref
+from ._interop import CUPY, JAX, TORCH, framework
+
+_HOST_KINDS = ("host", "torch_cpu", "jax_cpu", "dlpack")
+
+
+def _check_same_framework(kind, named):
+    for name, a in named:
+        if a is not None and framework(a) != kind:
+            raise TypeError(f"fusedkit: `{name}` is a {framework(a)} array but `x` is {kind}; "
+                            f"pass all arrays of one call from one framework and device")
+
+
+def _dt(a) -> str:
+    return _dtypes.canonical(a.dtype)
+
+
+def _validate(x, weight, bias, residual, out_dtype):
+    """Checks shared by both backends; returns (x dtype, weight dtype, out dtype, N)."""
+    if len(x.shape) == 0:
+        raise ValueError("fusedkit: x must have at least one dimension (the normalized one)")
+    N = x.shape[-1]
+    if N < 1:
+        raise ValueError(f"fusedkit: the last dimension of x must be at least 1, got shape {tuple(x.shape)}")
+    x_dt = _dt(x)
+    w_dt = x_dt
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is None:
+            continue
+        if tuple(a.shape) != (N,):
+            raise ValueError(f"fusedkit: `{name}` must have shape ({N},) to match x's last dimension, "
+                             f"got {tuple(a.shape)}")
+        a_dt = _dt(a)
+        if a_dt not in (x_dt, "float32"):
+            raise TypeError(f"fusedkit: `{name}` must be float32 or x's dtype {x_dt}, got {a_dt}")
+        w_dt = a_dt
+    if weight is not None and bias is not None and _dt(weight) != _dt(bias):
+        raise TypeError(f"fusedkit: weight ({_dt(weight)}) and bias ({_dt(bias)}) must share a dtype")
+    if residual is not None:
+        if tuple(residual.shape) != tuple(x.shape) or _dt(residual) != x_dt:
+            raise ValueError(f"fusedkit: `residual` must match x's shape {tuple(x.shape)} and dtype "
+                             f"{x_dt}, got {tuple(residual.shape)} {_dt(residual)}")
+    o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
+    return x_dt, w_dt, o_dt, N
+
+
+def _host(fn, kind, arrays, kwargs):
+    conv = [None if a is None else _interop.to_numpy(a, kind) for a in arrays]
+    out = fn(*conv, **kwargs)
+    if isinstance(out, tuple):
+        return tuple(_interop.from_numpy(o, kind) for o in out)
+    return _interop.from_numpy(out, kind)
+
+
+def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms):
+    kind = framework(x)
+    _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
+    x_dt, w_dt, o_dt, N = _validate(x, weight, bias, residual, out_dtype)
+    if eps < 0:
+        raise ValueError(f"fusedkit: eps must be >= 0, got {eps}")
+    if kind in _HOST_KINDS:
+        if rms:
+            return _host(_ref.rms_norm, kind, (x, weight),
+                         dict(eps=eps, zero_centered_gamma=zero_centered_gamma, out_dtype=_np_dt(out_dtype),
+                              return_stats=return_stats, residual=_maybe_np(residual, kind)))
+        return _host(_ref.layer_norm, kind, (x, weight, bias),
+                     dict(eps=eps, zero_centered_gamma=zero_centered_gamma, out_dtype=_np_dt(out_dtype),
+                          return_stats=return_stats, residual=_maybe_np(residual, kind)))
+    if kind == JAX:
+        from .jax import _prims
+        return _prims.norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, o_dt,
+                                   return_stats, rms)
+    from .backends import cuda_norms
+
+    X = _interop.view(x, kind, "x")
+    views = [X]
+    W = B = R = None
+    if weight is not None:
+        W = _interop.view(weight, kind, "weight")
+        views.append(W)
+    if bias is not None and not rms:
+        B = _interop.view(bias, kind, "bias")
+        views.append(B)
+    if residual is not None:
+        R = _interop.view(residual, kind, "residual")
+        views.append(R)
+    _interop.same_device(views)
+    shape = X.shape
+    M = X.size // N
+    y, yp = _interop.empty(kind, X, shape, o_dt)
+    h = hp = mean = mp = rstd = rp = None
+    if R is not None:
+        h, hp = _interop.empty(kind, X, shape, x_dt)
+    if return_stats:
+        if not rms:
+            mean, mp = _interop.empty(kind, X, shape[:-1], "float32")
+        rstd, rp = _interop.empty(kind, X, shape[:-1], "float32")
+    if M > 0:
+        cuda_norms.forward(X.ptr, R.ptr if R else 0, W.ptr if W else 0, B.ptr if B else 0, yp, hp or 0,
+                           mp or 0, rp or 0, M, N, x_dt, w_dt, o_dt, float(eps), int(zero_centered_gamma),
+                           rms, X.device, _interop.stream(kind, X.device))
+    out = (y,) + ((h,) if h is not None else ())
+    if return_stats:
+        out += (rstd,) if rms else (mean, rstd)
+    return out[0] if len(out) == 1 else out
+
+
+def _np_dt(out_dtype):
+    return None if out_dtype is None else _dtypes.numpy_dtype(_dtypes.canonical(out_dtype))
+
+
+def _maybe_np(a, kind):
+    return None if a is None else _interop.to_numpy(a, kind)
+
+
+def _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    kind = framework(x)
+    _check_same_framework(kind, (("dy", dy), ("weight", weight), ("mean", mean), ("rstd", rstd)))
+    x_dt, w_dt, _, N = _validate(x, weight, None, None, None)
+    if tuple(dy.shape) != tuple(x.shape) or _dt(dy) != x_dt:
+        raise ValueError(f"fusedkit: `dy` must match x's shape {tuple(x.shape)} and dtype {x_dt}, "
+                         f"got {tuple(dy.shape)} {_dt(dy)}")
+    stat_shape = tuple(x.shape[:-1])
+    for name, s in (("mean", mean), ("rstd", rstd)):
+        if s is None:
+            if name == "mean" and rms:
+                continue
+            raise ValueError(f"fusedkit: `{name}` is required (from the forward with return_stats=True)")
+        if tuple(s.shape) != stat_shape or _dt(s) != "float32":
+            raise ValueError(f"fusedkit: `{name}` must be float32 of shape {stat_shape}, got "
+                             f"{tuple(s.shape)} {_dt(s)}; pass the statistics the forward returned")
+    if kind in _HOST_KINDS:
+        if rms:
+            return _host(_ref.rms_norm_backward, kind, (dy, x, weight, rstd),
+                         dict(zero_centered_gamma=zero_centered_gamma))
+        return _host(_ref.layer_norm_backward, kind, (dy, x, weight, mean, rstd),
+                     dict(zero_centered_gamma=zero_centered_gamma))
+    if kind == JAX:
+        from .jax import _prims
+        return _prims.norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+    from .backends import cuda_norms
+
+    X = _interop.view(x, kind, "x")
+    DY = _interop.view(dy, kind, "dy")
+    S = _interop.view(rstd, kind, "rstd")
+    views = [X, DY, S]
+    MU = W = None
+    if not rms:
+        MU = _interop.view(mean, kind, "mean")
+        views.append(MU)
+    if weight is not None:
+        W = _interop.view(weight, kind, "weight")
+        views.append(W)
+    _interop.same_device(views)
+    M = X.size // N
+    dx, dxp = _interop.empty(kind, X, X.shape, x_dt)
+    dw = dwp = db = dbp = None
+    if W is not None:
+        dw, dwp = _interop.empty(kind, X, (N,), w_dt)
+    if not rms:
+        db, dbp = _interop.empty(kind, X, (N,), w_dt)
+
+    def alloc_f32(n):
+        return _interop.empty(kind, X, (n,), "float32")
+
+    cuda_norms.backward(DY.ptr, X.ptr, W.ptr if W else 0, MU.ptr if MU else 0, S.ptr, dxp, dwp or 0,
+                        dbp or 0, M, N, x_dt, w_dt, int(zero_centered_gamma), rms, X.device,
+                        _interop.stream(kind, X.device), alloc_f32)
+    return (dx, dw) if rms else (dx, dw, db)
+
+
+# ----------------------------------------------------------------------------------------------------
+# public API
+
+def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, out_dtype=None,
+               return_stats=False, residual=None):
+    """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * g + bias``.
+
+    ``g = weight`` (or ``weight + 1`` with ``zero_centered_gamma``). With ``residual`` the input is
+    ``h = x + residual`` (rounded to x's dtype) and ``h`` is returned too, for the next block.
+    Returns ``y``, then ``h`` if a residual was given, then ``(mean, rstd)`` (fp32, shape
+    ``x.shape[:-1]``) if ``return_stats``.
+    """
+    return _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats,
+                         rms=False)
+
+
+def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=None, return_stats=False,
+             residual=None):
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * g``.
+
+    Returns ``y``, then ``h = x + residual`` if a residual was given, then ``rstd`` if ``return_stats``.
+    """
+    return _norm_forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, return_stats,
+                         rms=True)
+
+
+def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False):
+    """Gradients of layer_norm: ``(dx, dweight, dbias)``; ``dweight`` is None when weight is None.
+
+    ``x`` is the forward's input (``h`` when a residual was added); ``mean``/``rstd`` are the
+    statistics the forward returned with ``return_stats=True``.
+    """
+    return _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms=False)
+
+
+def rms_norm_backward(dy, x, weight, rstd, *, zero_centered_gamma=False):
+    """Gradients of rms_norm: ``(dx, dweight)``; ``dweight`` is None when weight is None."""
+    return _norm_backward(dy, x, weight, None, rstd, zero_centered_gamma, rms=True)

@@ -1,0 +1,3 @@
+"""CPU backend: NumPy implementations with the public API's signatures and the GPU kernels' numerics
+(fp32 math on inputs rounded to their storage dtype). The GPU tests compare against these."""
+from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward  # noqa: F401

@@ -1,0 +1,81 @@
+"""LayerNorm / RMSNorm on the CPU (NumPy), same signatures as ``fusedkit.layer_norm`` and friends.
+
+Numerics follow cuda/norms.cu: fp32 math, x + residual rounded to x's dtype before the statistics,
+exact two-pass mean / variance, rstd = 1 / sqrt(var + eps), g = w + 1 with zero_centered_gamma.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+
+
+def _gamma(weight, zero_centered_gamma):
+    if weight is None:
+        return F32(1.0)
+    g = weight.astype(F32)
+    return g + F32(1.0) if zero_centered_gamma else g
+
+
+def _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms):
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    xf = x.astype(F32)
+    h = None
+    if residual is not None:
+        h = (xf + residual.astype(F32)).astype(x.dtype)
+        xf = h.astype(F32)
+    if rms:
+        mean = np.zeros(x.shape[:-1], F32)
+        d = xf
+    else:
+        mean = xf.mean(axis=-1, dtype=F32)
+        d = xf - mean[..., None]
+    var = np.mean(d * d, axis=-1, dtype=F32)
+    rstd = (F32(1.0) / np.sqrt(var + F32(eps))).astype(F32)
+    y = d * rstd[..., None] * _gamma(weight, zero_centered_gamma)
+    if bias is not None and not rms:
+        y = y + bias.astype(F32)
+    return y.astype(out_dtype), h, mean, rstd
+
+
+def _pack(y, h, stats):
+    out = (y,) + ((h,) if h is not None else ()) + stats
+    return out[0] if len(out) == 1 else out
+
+
+def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, out_dtype=None,
+               return_stats=False, residual=None):
+    y, h, mean, rstd = _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, False)
+    return _pack(y, h, (mean, rstd) if return_stats else ())
+
+
+def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=None,
+             return_stats=False, residual=None):
+    y, h, _, rstd = _forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, True)
+    return _pack(y, h, (rstd,) if return_stats else ())
+
+
+def _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    N = x.shape[-1]
+    xf = x.astype(F32).reshape(-1, N)
+    g = dy.astype(F32).reshape(-1, N)
+    mean = np.zeros(xf.shape[0], F32) if rms else mean.astype(F32).reshape(-1)
+    rstd = rstd.astype(F32).reshape(-1)
+    xhat = (xf - mean[:, None]) * rstd[:, None]
+    gd = g * _gamma(weight, zero_centered_gamma)
+    c1 = np.mean(gd * xhat, axis=-1, dtype=F32)[:, None]
+    c2 = np.zeros_like(c1) if rms else np.mean(gd, axis=-1, dtype=F32)[:, None]
+    dx = (rstd[:, None] * (gd - xhat * c1 - c2)).astype(x.dtype).reshape(x.shape)
+    wdt = weight.dtype if weight is not None else x.dtype
+    dw = None if weight is None else np.sum(g * xhat, axis=0, dtype=F32).astype(wdt)
+    db = np.sum(g, axis=0, dtype=F32).astype(wdt)
+    return dx, dw, db
+
+
+def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False):
+    return _backward(dy, x, weight, mean, rstd, zero_centered_gamma, False)
+
+
+def rms_norm_backward(dy, x, weight, rstd, *, zero_centered_gamma=False):
+    dx, dw, _ = _backward(dy, x, weight, None, rstd, zero_centered_gamma, True)
+    return dx, dw
