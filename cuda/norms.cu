@@ -1,7 +1,7 @@
 // fusedkit/cuda/norms.cu -- LayerNorm and RMSNorm, forward and backward (one family: RMS = true drops
 // the mean and the bias).
 //
-// Forward, row kept in registers (norm_fwd): a row of N elements is split into N / VEC vectors of
+// Forward, row kept in registers (norm_fwd, persistent, next row prefetched): a row of N elements is split into N / VEC vectors of
 // 16 bytes (VEC = 8 for bf16/fp16, 4 for fp32; VEC = 1 when N is odd). 32 * WARPS threads own one row;
 // thread t holds vectors t, t + T, ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so every load of the warp
 // is one coalesced 512-byte transaction. The row stays in registers as raw storage (4 registers per
@@ -38,29 +38,43 @@ struct RowsPerBlock {
   static constexpr int value = WARPS < 4 ? 4 / WARPS : 1;
 };
 
-template <typename W>
-__device__ __forceinline__ float weight_at(const W* w, int col, int zero_centered) {
-  if (w == nullptr) return 1.f;
-  const float g = to_float(ldg(w + col));
-  return zero_centered ? g + 1.f : g;
+// gamma (g = w, or w + 1 with zero_centered_gamma; 1 without weights) and beta of one vector of columns,
+// in fp32, from one vector load each (the weights are shared by all rows and stay in L1/L2).
+template <typename W, int VEC>
+__device__ __forceinline__ void load_gamma(const W* w, int v, int zero_centered, float (&g)[VEC]) {
+  if (w == nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) g[j] = 1.f;
+    return;
+  }
+  const Vec<W, VEC> t = load_vec<W, VEC>(w + (long long)v * VEC);
+  const float add = zero_centered ? 1.f : 0.f;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) g[j] = to_float(t.v[j]) + add;
+}
+template <typename W, int VEC>
+__device__ __forceinline__ void load_beta(const W* b, int v, float (&beta)[VEC]) {
+  if (b == nullptr) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
+    return;
+  }
+  const Vec<W, VEC> t = load_vec<W, VEC>(b + (long long)v * VEC);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) beta[j] = to_float(t.v[j]);
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Forward, row in registers.
-template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
-__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value)
-norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
-         const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
-         float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
-         int zero_centered) {
-  constexpr int RPB = RowsPerBlock<WARPS>::value;
-  constexpr int T_ROW = 32 * WARPS;
-  const long long row = (long long)blockIdx.x * RPB + threadIdx.y;
-  const bool row_ok = row < M;
+// Forward, row in registers, persistent grid: while a block normalizes one row it already has the
+// loads of its next row in flight (register double buffer), so memory never waits on the reductions.
+
+// Loads this thread's vectors of `row` (x, plus residual -> also stores h = x + residual).
+template <typename T, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
+                                         const T* __restrict__ residual, T* __restrict__ sum_out,
+                                         long long row, bool row_ok, int N) {
   const int nvec = N / VEC;
   const long long base = row * (long long)N;
-
-  Vec<T, VEC> raw[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
@@ -77,7 +91,16 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
       for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
     }
   }
+}
 
+// Statistics and output of one row held in registers (all threads of the block call it: barriers).
+template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
+__device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
+                                              const W* __restrict__ b, O* __restrict__ y,
+                                              float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                              long long row, bool row_ok, int N, float eps, int zero_centered) {
+  constexpr int T_ROW = 32 * WARPS;
+  const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
   float mean = 0.f;
   if constexpr (!RMS) {
@@ -91,8 +114,7 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    const int v = threadIdx.x + i * T_ROW;
-    if (v < nvec) {
+    if (threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = to_float(raw[i].v[j]) - mean;
@@ -106,20 +128,46 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
     if (mean_out != nullptr) mean_out[row] = mean;
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
+  const long long base = row * (long long)N;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
+      float g[VEC], beta[VEC];
+      load_gamma<W, VEC>(w, v, zero_centered, g);
+      load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const int col = v * VEC + j;
-        float r = (to_float(raw[i].v[j]) - mean) * rstd * weight_at(w, col, zero_centered);
-        if (!RMS && b != nullptr) r += to_float(ldg(b + col));
-        out.v[j] = from_float<O>(r);
-      }
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j]);
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
+  }
+}
+
+// Two register buffers in ping-pong (no copies between them, so the prefetched loads really stay in
+// flight while the other row is normalized).
+template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value)
+norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
+         const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
+         float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
+         int zero_centered) {
+  constexpr int RPB = RowsPerBlock<WARPS>::value;
+  constexpr int T_ROW = 32 * WARPS;
+  const long long stride = (long long)gridDim.x * RPB;
+  long long row = (long long)blockIdx.x * RPB + threadIdx.y;
+  Vec<T, VEC> a[ITEMS], c[ITEMS];
+  load_row<T, VEC, ITEMS, T_ROW>(a, x, residual, sum_out, row, row < M, N);
+  // row0 is uniform across the block, so every thread takes the same branches (barriers inside).
+  for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += 2 * stride, row += 2 * stride) {
+    const bool has_next = row0 + stride < M;
+    if (has_next) load_row<T, VEC, ITEMS, T_ROW>(c, x, residual, sum_out, row + stride, row + stride < M, N);
+    normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(a, w, b, y, mean_out, rstd_out, row, row < M, N, eps, zero_centered);
+    if (!has_next) break;
+    if (row0 + 2 * stride < M)
+      load_row<T, VEC, ITEMS, T_ROW>(a, x, residual, sum_out, row + 2 * stride, row + 2 * stride < M, N);
+    normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(c, w, b, y, mean_out, rstd_out, row + stride,
+                                                   row + stride < M, N, eps, zero_centered);
   }
 }
 
@@ -174,14 +222,12 @@ norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W
   }
   for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
     const Vec<T, VEC> a = load_vec<T, VEC>(src + base + (long long)v * VEC);
+    float g[VEC], beta[VEC];
+    load_gamma<W, VEC>(w, v, zero_centered, g);
+    load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
     Vec<O, VEC> out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const int col = v * VEC + j;
-      float r = (to_float(a.v[j]) - mean) * rstd * weight_at(w, col, zero_centered);
-      if (!RMS && b != nullptr) r += to_float(ldg(b + col));
-      out.v[j] = from_float<O>(r);
-    }
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(a.v[j]) - mean) * rstd * g[j] + beta[j]);
     store_vec<O, VEC>(y + base + (long long)v * VEC, out);
   }
 }
@@ -242,17 +288,22 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
     for (int i = 0; i < ITEMS; ++i) {
       const int v = threadIdx.x + i * T_ROW;
       if (v < nvec) {
+        float g[VEC];
+        load_gamma<W, VEC>(w, v, zero_centered, g);
+        Vec<float, VEC> dbs;
+        if constexpr (DB_SMEM) dbs = *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
           const float d = to_float(gr[i].v[j]);
-          const float gd = d * weight_at(w, v * VEC + j, zero_centered);
+          const float gd = d * g[j];
           s_gdx += gd * xhat;
           s_gd += gd;
           dw_acc[i][j] += d * xhat;
-          if constexpr (DB_SMEM) db_s[v * VEC + j] += d;
+          if constexpr (DB_SMEM) dbs.v[j] += d;
           else if constexpr (!RMS) db_acc[i][j] += d;
         }
+        if constexpr (DB_SMEM) *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC) = dbs;
       }
     }
     const float2 s = row_sum2<WARPS>(s_gdx, s_gd);
@@ -262,12 +313,13 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
       for (int i = 0; i < ITEMS; ++i) {
         const int v = threadIdx.x + i * T_ROW;
         if (v < nvec) {
+          float g[VEC];
+          load_gamma<W, VEC>(w, v, zero_centered, g);
           Vec<T, VEC> out;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
-            const float gd = to_float(gr[i].v[j]) * weight_at(w, v * VEC + j, zero_centered);
-            out.v[j] = from_float<T>(rstd * (gd - xhat * c1 - c2));
+            out.v[j] = from_float<T>(rstd * (to_float(gr[i].v[j]) * g[j] - xhat * c1 - c2));
           }
           store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
         }
@@ -314,10 +366,12 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       const Vec<T, VEC> xv = load_vec<T, VEC>(x + base + (long long)v * VEC);
       const Vec<T, VEC> gv = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+      float g[VEC];
+      load_gamma<W, VEC>(w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (to_float(xv.v[j]) - mean) * rstd;
-        const float gd = to_float(gv.v[j]) * weight_at(w, v * VEC + j, zero_centered);
+        const float gd = to_float(gv.v[j]) * g[j];
         s_gdx += gd * xhat;
         s_gd += gd;
       }
@@ -327,13 +381,15 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       const Vec<T, VEC> xv = load_vec<T, VEC>(x + base + (long long)v * VEC);
       const Vec<T, VEC> gv = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+      float g[VEC];
+      load_gamma<W, VEC>(w, v, zero_centered, g);
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const int col = v * VEC + j;
         const float xhat = (to_float(xv.v[j]) - mean) * rstd;
         const float d = to_float(gv.v[j]);
-        out.v[j] = from_float<T>(rstd * (d * weight_at(w, col, zero_centered) - xhat * c1 - c2));
+        out.v[j] = from_float<T>(rstd * (d * g[j] - xhat * c1 - c2));
         if (dwp != nullptr) dwp[col] += d * xhat;
         if (dbp != nullptr) dbp[col] += d;
       }

@@ -24,8 +24,24 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+_canonical_cache: dict = {}
+
+
 def canonical(dtype) -> str:
     """'float32' | 'float16' | 'bfloat16' for any spelling (str, NumPy, ml_dtypes, torch, JAX)."""
+    try:
+        return _canonical_cache[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _canonical(dtype)
+    try:
+        _canonical_cache[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _canonical(dtype) -> str:
     if dtype is None:
         raise TypeError("dtype must not be None")
     s = str(dtype)
@@ -41,3 +57,11 @@ def canonical(dtype) -> str:
     except TypeError:
         pass
     raise TypeError(f"fusedkit supports float32, float16 and bfloat16 here, not {dtype!r}")
+
+
+def canonical_or_name(dtype) -> str:
+    """canonical(dtype) for float dtypes, else the dtype's own name (validation reports it)."""
+    try:
+        return canonical(dtype)
+    except TypeError:
+        return str(dtype)

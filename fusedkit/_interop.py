@@ -84,8 +84,8 @@ def from_numpy(a, kind: str):
     if kind == "torch_cpu":
         import torch
         if a.dtype == _dtypes.numpy_dtype("bfloat16"):
-            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(a))
+            return torch.from_numpy(np.asarray(a, order="C").view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.asarray(a, order="C"))  # keeps 0-d results 0-d
     if kind == "jax_cpu":
         import jax.numpy as jnp
         return jnp.asarray(a)
@@ -132,7 +132,7 @@ def view(x, kind: str, what: str) -> DevArray:
         if not x.flags.c_contiguous:
             raise ValueError(f"fusedkit: `{what}` is not C-contiguous (strides {x.strides}); "
                              f"call cupy.ascontiguousarray first")
-        return DevArray(x.data.ptr, x.shape, x.dtype.name, x.device.id, x)
+        return DevArray(x.data.ptr, x.shape, _dtypes.canonical_or_name(x.dtype), x.data.device_id, x)
     raise AssertionError(kind)
 
 
@@ -147,8 +147,11 @@ def empty(kind: str, like: DevArray, shape, dtype: str):
         if dtype == "bfloat16":
             raise TypeError("CuPy has no bfloat16 dtype: pass torch or JAX arrays for bf16 output, "
                             "or choose out_dtype='float16' / 'float32'")
-        with cupy.cuda.Device(like.device):
+        if cupy.cuda.runtime.getDevice() == like.device:
             a = cupy.empty(shape, dtype=dtype)
+        else:
+            with cupy.cuda.Device(like.device):
+                a = cupy.empty(shape, dtype=dtype)
         return a, a.data.ptr
     raise AssertionError(kind)
 

@@ -129,6 +129,7 @@ def get_kernel(file: str, expr: str, device: int):
     with cupy.cuda.Device(device):
         mod = cupy.RawModule(path=path)
         k = mod.get_function(lowered)
+        k.kernel  # load the module now; launches then call k.kernel (a cupy Function) directly
     _kernels[(device, file, expr)] = k
     _env.debug(1, f"kernel {expr}: {k.num_regs} registers, {k.shared_size_bytes} B static shared memory")
     return k

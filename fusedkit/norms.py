@@ -12,9 +12,24 @@ from ._interop import CUPY, JAX, TORCH, framework
 _HOST_KINDS = ("host", "torch_cpu", "jax_cpu", "dlpack")
 
 
+_JAX_KINDS = (JAX, "jax_cpu")
+
+
+def _kind_of_call(x, others):
+    """The framework that serves a call: x's, except that traced JAX values anywhere make it 'jax'
+    (weights closed over inside jax.jit are concrete arrays while x is a tracer)."""
+    kind = framework(x)
+    if kind in _JAX_KINDS and any(a is not None and framework(a) == JAX for a in others):
+        return JAX
+    return kind
+
+
 def _check_same_framework(kind, named):
     for name, a in named:
-        if a is not None and framework(a) != kind:
+        if a is None:
+            continue
+        k = framework(a)
+        if k != kind and not (kind in _JAX_KINDS and k in _JAX_KINDS):
             raise TypeError(f"fusedkit: `{name}` is a {framework(a)} array but `x` is {kind}; "
                             f"pass all arrays of one call from one framework and device")
 
@@ -61,7 +76,7 @@ def _host(fn, kind, arrays, kwargs):
 
 
 def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms):
-    kind = framework(x)
+    kind = _kind_of_call(x, (weight, bias, residual))
     _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
     x_dt, w_dt, o_dt, N = _validate(x, weight, bias, residual, out_dtype)
     if eps < 0:
@@ -122,7 +137,7 @@ def _maybe_np(a, kind):
 
 
 def _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
-    kind = framework(x)
+    kind = _kind_of_call(x, (dy, weight, mean, rstd))
     _check_same_framework(kind, (("dy", dy), ("weight", weight), ("mean", mean), ("rstd", rstd)))
     x_dt, w_dt, _, N = _validate(x, weight, None, None, None)
     if tuple(dy.shape) != tuple(x.shape) or _dt(dy) != x_dt:

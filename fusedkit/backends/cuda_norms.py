@@ -15,9 +15,9 @@ from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "norms.cu"
-MAX_ITEMS_FWD = 4   # vectors of 16 B per thread in the forward (4 registers each, raw storage)
+MAX_ITEMS_FWD = 4   # vectors of 16 B per thread (4 registers each, raw, double-buffered); 8 spills
 MAX_ITEMS_BWD = 4
-MAX_WARPS_FWD = 32
+MAX_WARPS_FWD = 16  # 1024 threads cap registers at 64: the double-buffered row would spill
 MAX_WARPS_BWD = 16  # dweight/dbias accumulators live in registers: 512 threads keep 128 regs/thread
 
 # Tuned (items, warps) per (N, itemsize, direction), from benchmarks/results (see docs/perf_notes.md).
@@ -126,29 +126,38 @@ def _log_config(op, expr, grid, block):
         _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
 
 
-def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero_centered, rms,
-            device, stream, config=None):
-    """Pointers in (0 = absent); writes y, optional x+res (hsum), mean, rstd."""
+_fwd_plans: dict = {}
+
+
+def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config):
     cfg = config or fwd_config(N, ITEMSIZE[x_dt])
     expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":
+    if cfg[0] == "rows":  # persistent: as many blocks as fit on the GPU at once
         warps = cfg[3]
         rpb = rows_per_block(warps)
-        grid, block = (-(-M // rpb),), (32 * warps, rpb)
+        block = (32 * warps, rpb)
+        fit = _sm_count(device) * _blocks_per_sm(k, expr, device, 32 * warps * rpb, 0)
     else:
-        grid, block = (M,), (1024,)
-    _log_config("norm_fwd", expr, grid, block)
-    _launch(k, grid, block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N),
-                             np.float32(eps), np.int32(zero_centered)), stream)
+        rpb, block, fit = 0, (1024,), 0
+    _log_config("norm_fwd", expr, f"min(rows/{rpb}, {fit})" if rpb else "rows", block)
+    return k.kernel, block, rpb, fit
 
 
-def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, rms, device, stream,
-             alloc_f32, config=None):
-    """Writes dx and, when their pointers are given, dw / db (through fp32 partial rows).
+def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero_centered, rms,
+            device, stream, config=None):
+    """Pointers in (0 = absent); writes y, optional x+res (hsum), mean, rstd."""
+    key = (N, x_dt, w_dt, o_dt, rms, device, config)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config)
+    fn, block, rpb, fit = plan
+    grid = (min(-(-M // rpb), fit),) if rpb else (M,)
+    fn(grid, block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N), np.float32(eps),
+                     np.int32(zero_centered)), 0, stream)
 
-    ``alloc_f32(n)`` returns (keep-alive object, pointer) of an n-element fp32 scratch buffer.
-    """
+
+def _bwd_plan(M, N, x_dt, w_dt, rms, device, config):
     cfg = config or bwd_config(N, ITEMSIZE[x_dt])
     expr = bwd_expr(cfg, x_dt, w_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
@@ -162,7 +171,21 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     smem = bwd_smem_bytes(cfg, rms)
     groups = max(1, -(-M // rpb))
     nblocks = min(groups, _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem))
-    P = nblocks * rpb
+    return cfg, expr, k, block, smem, nblocks, nblocks * rpb
+
+
+def bwd_partial_rows(M, N, x_dt, w_dt, rms, device, config=None) -> int:
+    """P: backward scratch is one (P, N) fp32 buffer for dweight and one for dbias (LayerNorm)."""
+    return _bwd_plan(M, N, x_dt, w_dt, rms, device, config)[-1]
+
+
+def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, rms, device, stream,
+             alloc_f32, config=None):
+    """Writes dx and, when their pointers are given, dw / db (through fp32 partial rows).
+
+    ``alloc_f32(n)`` returns (keep-alive object, pointer) of an n-element fp32 scratch buffer.
+    """
+    cfg, expr, k, block, smem, nblocks, P = _bwd_plan(M, N, x_dt, w_dt, rms, device, config)
     keep = []
     dw_part = db_part = 0
     if dw:

@@ -18,8 +18,13 @@ def _gamma(weight, zero_centered_gamma):
 
 
 def _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms):
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf rows give NaN rows, as on the GPU
+        return _forward_f32(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms)
+
+
+def _forward_f32(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms):
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    xf = x.astype(F32)
+    xf = x.astype(F32, copy=False)
     h = None
     if residual is not None:
         h = (xf + residual.astype(F32)).astype(x.dtype)

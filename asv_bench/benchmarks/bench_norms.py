@@ -1,0 +1,186 @@
+"""LayerNorm / RMSNorm on the GPU: GB/s from the byte model, fraction of a device copy, host overhead.
+
+Inputs are torch CUDA tensors (bfloat16) when torch sees a GPU, else CuPy arrays (float16, float32;
+CuPy has no bfloat16). Parameter combinations the available framework cannot run, and every
+benchmark on a machine without a GPU, raise NotImplementedError in setup, which asv reports as
+skipped. Times come from CUDA events on the stream fusedkit launches on (median after warm-up);
+every problem is 2**27 elements (>= 256 MiB), far larger than L2, so no flush is needed.
+"""
+import statistics
+
+import fusedkit
+from fusedkit._dtypes import ITEMSIZE
+from fusedkit._registry import OPS
+
+NS = [1024, 4096, 8192, 16384]
+DTYPES = ["bfloat16", "float16", "float32"]
+ELEMENTS = 2**27
+COPY_BYTES = 2**30
+WARMUP, REPEATS = 3, 20
+
+
+class _Torch:
+    dtypes = ("bfloat16",)
+
+    def __init__(self):
+        import torch
+        if not torch.cuda.is_available():
+            raise NotImplementedError("torch sees no CUDA device")
+        self.t = torch
+
+    def randn(self, shape, dtype):  # mean-shifted, as in the tests
+        return (self.t.randn(shape, device="cuda") * 0.5 - 2.3).to(getattr(self.t, dtype))
+
+    def ones(self, n, dtype):
+        return self.t.ones(n, device="cuda", dtype=getattr(self.t, dtype))
+
+    def bytes_buffer(self, n):
+        return self.t.empty(n, dtype=self.t.uint8, device="cuda")
+
+    def copy(self, dst, src):
+        dst.copy_(src)
+
+    def elapsed_ms(self, fn):
+        start, end = self.t.cuda.Event(enable_timing=True), self.t.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+class _CuPy:
+    dtypes = ("float16", "float32")
+
+    def __init__(self):
+        try:
+            import cupy
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise RuntimeError("no device")
+        except Exception as e:  # no CuPy, no driver or no device
+            raise NotImplementedError(f"no CUDA GPU through CuPy ({e})") from None
+        self.cp = cupy
+
+    def randn(self, shape, dtype):
+        return (self.cp.random.standard_normal(shape, dtype="float32") * 0.5 - 2.3).astype(dtype)
+
+    def ones(self, n, dtype):
+        return self.cp.ones(n, dtype=dtype)
+
+    def bytes_buffer(self, n):
+        return self.cp.empty(n, dtype=self.cp.uint8)
+
+    def copy(self, dst, src):
+        self.cp.copyto(dst, src)
+
+    def elapsed_ms(self, fn):
+        start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, end)
+
+
+def _framework(dtype):
+    """The framework that runs ``dtype`` here: torch if it has CUDA, else CuPy."""
+    try:
+        fw = _Torch()
+    except (ImportError, NotImplementedError):
+        fw = _CuPy()
+    if dtype not in fw.dtypes:
+        raise NotImplementedError(f"{dtype} is not benchmarked with {type(fw).__name__[1:]}")
+    return fw
+
+
+def _median_ms(fw, fn):
+    for _ in range(WARMUP):
+        fn()
+    return statistics.median(fw.elapsed_ms(fn) for _ in range(REPEATS))
+
+
+def _calls(op, x, w, b, dy):
+    """(forward, forward+backward) closures for ``op`` ('layer_norm' or 'rms_norm')."""
+    if op == "layer_norm":
+        def fwd():
+            return fusedkit.layer_norm(x, w, b)
+
+        def fwdbwd():
+            _, mean, rstd = fusedkit.layer_norm(x, w, b, return_stats=True)
+            return fusedkit.layer_norm_backward(dy, x, w, mean, rstd)
+    else:
+        def fwd():
+            return fusedkit.rms_norm(x, w)
+
+        def fwdbwd():
+            _, rstd = fusedkit.rms_norm(x, w, return_stats=True)
+            return fusedkit.rms_norm_backward(dy, x, w, rstd)
+    return fwd, fwdbwd
+
+
+class _NormBandwidth:
+    """GB/s and fraction of copy for one op at M x N = 2**27 elements."""
+
+    op = None
+    params = (NS, DTYPES)
+    param_names = ("N", "dtype")
+    timeout = 300
+
+    def setup(self, N, dtype):
+        fw = self.fw = _framework(dtype)
+        self.M, self.N, self.itemsize = ELEMENTS // N, N, ITEMSIZE[dtype]
+        x, dy = fw.randn((self.M, N), dtype), fw.randn((self.M, N), dtype)
+        w, b = fw.ones(N, dtype), fw.ones(N, dtype)
+        self.fwd, self.fwdbwd = _calls(self.op, x, w, b, dy)
+        src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
+        self.copy_gbps = 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6
+        del src, dst
+
+    def _gbps(self, which):
+        fn = self.fwd if which == "fwd" else self.fwdbwd
+        nbytes = OPS[f"{self.op}_{which}"].bytes_moved(self.M, self.N, self.itemsize)
+        return nbytes / _median_ms(self.fw, fn) / 1e6
+
+    def track_gbps_fwd(self, N, dtype):
+        return self._gbps("fwd")
+
+    def track_gbps_fwdbwd(self, N, dtype):
+        return self._gbps("fwdbwd")
+
+    def track_fraction_of_copy_fwd(self, N, dtype):
+        return self._gbps("fwd") / self.copy_gbps
+
+    def track_fraction_of_copy_fwdbwd(self, N, dtype):
+        return self._gbps("fwdbwd") / self.copy_gbps
+
+    track_gbps_fwd.unit = track_gbps_fwdbwd.unit = "GB/s"
+    track_fraction_of_copy_fwd.unit = track_fraction_of_copy_fwdbwd.unit = "fraction of copy"
+
+
+class LayerNormBandwidth(_NormBandwidth):
+    op = "layer_norm"
+
+
+class RMSNormBandwidth(_NormBandwidth):
+    op = "rms_norm"
+
+
+class NormOverhead:
+    """Host time of one call at a tiny shape (4 x 1024): per-call overhead, not bandwidth."""
+
+    params = (["layer_norm", "rms_norm"], DTYPES)
+    param_names = ("op", "dtype")
+
+    def setup(self, op, dtype):
+        fw = _framework(dtype)
+        x, dy = fw.randn((4, 1024), dtype), fw.randn((4, 1024), dtype)
+        w, b = fw.ones(1024, dtype), fw.ones(1024, dtype)
+        self.fwd, self.fwdbwd = _calls(op, x, w, b, dy)
+        self.fwd()  # compile and load the kernels outside the timing
+        self.fwdbwd()
+
+    def time_overhead_fwd(self, op, dtype):
+        self.fwd()
+
+    def time_overhead_fwdbwd(self, op, dtype):
+        self.fwdbwd()

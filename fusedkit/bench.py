@@ -1,0 +1,338 @@
+"""``python -m fusedkit bench``: fusedkit against every installed peer, in one run, as ratios.
+
+On a GPU: the norms at M x N = 2^27 (bf16) plus a small shape, timed with CUDA events (warm-up, L2
+flushed before every repetition, median), against torch eager, torch.compile, Liger and a hand-written
+CuPy version where available, and a device-to-device copy timed in the same run. GB/s come from the
+op's byte model (fusedkit._registry); "of copy" is GB/s over the copy's GB/s. Writes the results JSON
+of shared/DESIGN.md and a PNG chart. Without a GPU it times the CPU backend against NumPy by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from . import _registry
+from ._version import __version__
+
+GPU_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 1024)]
+OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
+
+
+def _progress(total, desc):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+    except ImportError:
+        class _P:
+            n = 0
+
+            def update(self, k=1):
+                self.n += k
+                print(f"\r{desc} {self.n}/{total}", end="", file=sys.stderr, flush=True)
+
+            def close(self):
+                print(file=sys.stderr)
+        return _P()
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU timing (torch events; torch is the harness's allocator for every impl, so bf16 works)
+
+class GpuTimer:
+    def __init__(self, torch, flush_mib=256):
+        self.torch = torch
+        self.flush = torch.empty(flush_mib * 2**20, dtype=torch.uint8, device="cuda")
+
+    def ms(self, fn, warmup=5, rep=30, min_time_ms=150.0):
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        t_end = time.perf_counter() + min_time_ms / 1e3
+        while len(times) < rep or (time.perf_counter() < t_end and len(times) < 10 * rep):
+            self.flush.zero_()
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
+
+
+def copy_gbps(torch, timer, nbytes=2 * 2**30):
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = timer.ms(lambda: dst.copy_(src), rep=20)
+    del src, dst
+    return 2 * nbytes / ms / 1e6
+
+
+def _impls(torch, op, M, N, dtype):
+    """{impl name: zero-argument callable} for one op and shape."""
+    import fusedkit as fk
+    F = torch.nn.functional
+    rms = op.startswith("rms")
+    bwd = op.endswith("fwdbwd")
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = (torch.randn(M, N, device=dev, generator=g) * 0.5 - 2.3).to(dtype)
+    w = (torch.randn(N, device=dev, generator=g) * 0.3 + 1).to(dtype)
+    b = (torch.randn(N, device=dev, generator=g) * 0.3).to(dtype)
+    dy = torch.randn(M, N, device=dev, generator=g).to(dtype)
+    eps = 1e-5
+    out = {}
+
+    if not bwd:
+        out["fusedkit"] = (lambda: fk.rms_norm(x, w, eps=eps)) if rms else (lambda: fk.layer_norm(x, w, b, eps=eps))
+    elif rms:
+        def fk_rms():
+            _, r = fk.rms_norm(x, w, eps=eps, return_stats=True)
+            return fk.rms_norm_backward(dy, x, w, r)
+        out["fusedkit"] = fk_rms
+    else:
+        def fk_ln():
+            _, m, r = fk.layer_norm(x, w, b, eps=eps, return_stats=True)
+            return fk.layer_norm_backward(dy, x, w, m, r)
+        out["fusedkit"] = fk_ln
+
+    def torch_fn(x_, w_, b_):
+        if rms:
+            return F.rms_norm(x_, (N,), w_, eps)
+        return F.layer_norm(x_, (N,), w_, b_, eps)
+
+    xg, wg, bg = (t.detach().clone().requires_grad_(bwd) for t in (x, w, b))
+
+    def make(fn):
+        if not bwd:
+            return lambda: fn(x, w, b)
+
+        def step():
+            y = fn(xg, wg, bg)
+            return torch.autograd.grad(y, (xg, wg) if rms else (xg, wg, bg), dy)
+        return step
+
+    out["torch_eager"] = make(torch_fn)
+    try:
+        compiled = torch.compile(torch_fn, dynamic=False)
+        out["torch_compile"] = make(compiled)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    try:
+        from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm
+        if rms:
+            mod = LigerRMSNorm(N, eps=eps).to(dev, dtype)
+            mod.weight.data.copy_(w)
+            out["liger"] = make(lambda x_, w_, b_: mod(x_))
+        else:
+            mod = LigerLayerNorm(N, eps=eps).to(dev, dtype)
+            mod.weight.data.copy_(w)
+            mod.bias.data.copy_(b)
+            out["liger"] = make(lambda x_, w_, b_: mod(x_))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def run_gpu(args):
+    import torch
+    timer = GpuTimer(torch)
+    dtype = torch.bfloat16
+    rows = []
+    copy = copy_gbps(torch, timer)
+    shapes = GPU_SHAPES if not args.quick else GPU_SHAPES[1:2]
+    prog = _progress(len(shapes) * len(OPS), "bench")
+    for (M, N) in shapes:
+        for op in OPS:
+            spec = _registry.OPS[op]
+            nbytes = spec.bytes_moved(M, N, 2)
+            for impl, fn in _impls(torch, op, M, N, dtype).items():
+                try:
+                    ms = timer.ms(fn)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                    continue
+                rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
+                             "GBps": nbytes / ms / 1e6, "TFLOPs": None})
+            torch.cuda.empty_cache()
+            prog.update()
+    prog.close()
+    rows += overhead_rows(torch)
+    return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
+
+
+def overhead_rows(torch, n=2000):
+    """Per-call host time of one small call (4 x 1024), launches queued back to back."""
+    import cupy
+    import fusedkit as fk
+    rows = []
+    xt = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    wt = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    xc = cupy.random.standard_normal((4, 1024), dtype=cupy.float32)
+    wc = cupy.ones(1024, dtype=cupy.float32)
+    cases = {"fusedkit_cupy": lambda: fk.layer_norm(xc, wc),
+             "fusedkit_torch": lambda: fk.layer_norm(xt, wt),
+             "torch_eager": lambda: torch.nn.functional.layer_norm(xt, (1024,), wt)}
+    for impl, fn in cases.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t = (time.perf_counter() - t0) / n
+        torch.cuda.synchronize()
+        rows.append({"op": "layer_norm_fwd_host_overhead", "shape": [4, 1024],
+                     "dtype": "float32" if "cupy" in impl else "bfloat16", "impl": impl,
+                     "ms": t * 1e3, "GBps": None, "TFLOPs": None})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU mode: the CPU backend against NumPy written by hand
+
+def run_cpu(args):
+    import fusedkit as fk
+    rows = []
+    rng = np.random.default_rng(0)
+    shapes = [(4096, 1024), (1024, 4096)]
+    prog = _progress(len(shapes) * 2, "bench (cpu)")
+    for (M, N) in shapes:
+        x = (rng.standard_normal((M, N)) * 0.5 - 2.3).astype(np.float32)
+        w = rng.standard_normal(N).astype(np.float32)
+        b = rng.standard_normal(N).astype(np.float32)
+
+        def numpy_ln():
+            mu = x.mean(-1, keepdims=True)
+            var = x.var(-1, keepdims=True)
+            return (x - mu) / np.sqrt(var + 1e-5) * w + b
+
+        def numpy_rms():
+            return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+
+        for op, mine, peer in (("layer_norm_fwd", lambda: fk.layer_norm(x, w, b), numpy_ln),
+                               ("rms_norm_fwd", lambda: fk.rms_norm(x, w), numpy_rms)):
+            nbytes = _registry.OPS[op].bytes_moved(M, N, 4)
+            for impl, fn in (("fusedkit_cpu", mine), ("numpy_naive", peer)):
+                fn()
+                ts = []
+                for _ in range(5 if args.quick else 15):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                ms = statistics.median(ts) * 1e3
+                rows.append({"op": op, "shape": [M, N], "dtype": "float32", "impl": impl, "ms": ms,
+                             "GBps": nbytes / ms / 1e6, "TFLOPs": None})
+            prog.update()
+    prog.close()
+    return {"device": f"cpu ({platform.processor() or platform.machine()})", "copy_GBps": None, "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------------------
+
+def versions() -> dict:
+    v = {"fusedkit": __version__, "python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("cupy", "torch", "triton", "liger_kernel", "jax"):
+        try:
+            m = __import__(mod)
+            v[mod] = getattr(m, "__version__", "?")
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        from . import _nvrtc
+        v["nvrtc"] = "%d.%d" % _nvrtc.version()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import torch
+        v["cuda"] = torch.version.cuda
+    except Exception:  # noqa: BLE001
+        pass
+    return v
+
+
+def table(res) -> str:
+    """ms | GB/s | of copy | speedup of fusedkit over each peer, per (op, shape)."""
+    copy = res.get("copy_GBps")
+    groups: dict = {}
+    for r in res["rows"]:
+        groups.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
+    lines = [f"device: {res['device']}" + (f"   copy: {copy:.0f} GB/s" if copy else "")]
+    lines.append(f"{'op':30s} {'shape':>14s} {'impl':16s} {'ms':>9s} {'GB/s':>7s} {'of copy':>7s} {'fk speedup':>10s}")
+    for (op, shape), impls in groups.items():
+        mine = next((impls[k] for k in ("fusedkit", "fusedkit_cpu") if k in impls), None)
+        for impl, r in impls.items():
+            gb = r["GBps"]
+            frac = f"{gb / copy:.3f}" if (gb and copy) else ""
+            sp = f"{r['ms'] / mine['ms']:.2f}x" if (mine and r is not mine and "overhead" not in op) else ""
+            ms = f"{r['ms'] * 1e3:.2f}us" if "overhead" in op else f"{r['ms']:.4f}"
+            lines.append(f"{op:30s} {str(list(shape)):>14s} {impl:16s} {ms:>9s} "
+                         f"{(f'{gb:.0f}' if gb else ''):>7s} {frac:>7s} {sp:>10s}")
+    return "\n".join(lines)
+
+
+def chart(res, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in res["rows"] if r["GBps"]]
+    copy = res.get("copy_GBps") or 1.0
+    keys = sorted({(r["op"], tuple(r["shape"])) for r in rows}, key=lambda k: (k[0], k[1][1]))
+    impls = sorted({r["impl"] for r in rows}, key=lambda s: (not s.startswith("fusedkit"), s))
+    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 0.9), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        vals = []
+        for k in keys:
+            r = next((r for r in rows if (r["op"], tuple(r["shape"])) == k and r["impl"] == impl), None)
+            vals.append(r["GBps"] / copy if r else 0)
+        ax.bar([j + i * width for j in range(len(keys))], vals, width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
+    ax.set_xticklabels([f"{op}\n{s[0]}x{s[1]}" for op, s in keys], rotation=60, fontsize=7, ha="right")
+    ax.set_ylabel("fraction of copy bandwidth" if res.get("copy_GBps") else "GB/s")
+    ax.set_title(f"fusedkit bench, {res['device']}, {res['date'][:10]}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="fusedkit bench", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="benchmarks/results", help="folder for the results JSON and PNG")
+    p.add_argument("--quick", action="store_true", help="one shape, fewer repetitions")
+    p.add_argument("--cpu", action="store_true", help="benchmark the CPU backend even if a GPU is present")
+    args = p.parse_args(argv)
+    gpu = False
+    if not args.cpu:
+        try:
+            import torch
+            gpu = torch.cuda.is_available()
+        except ImportError:
+            gpu = False
+    res = run_gpu(args) if gpu else run_cpu(args)
+    res = {"device": res["device"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
+    os.makedirs(args.out, exist_ok=True)
+    stem = "{}_{}".format(res["device"].split(" (")[0].replace(" ", "-"),
+                          res["date"].replace(":", "").replace("+0000", "Z"))
+    path = os.path.join(args.out, stem + ".json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    png = chart(res, os.path.join(args.out, stem + ".png"))
+    print(table(res))
+    print(f"results: {path}" + (f"   chart: {png}" if png else ""))
+    return 0

@@ -1,0 +1,102 @@
+"""JAX front end: LayerNorm / RMSNorm with gradients (``jax.custom_vjp``), under ``jax.jit`` too.
+
+The forward and backward are ``fusedkit.layer_norm(..., return_stats=True)`` and
+``fusedkit.layer_norm_backward`` (and the RMS twins): eager CPU arrays run the CPU reference, GPU
+arrays and traced values go through the buffer callbacks of ``fusedkit.jax._prims`` (the CUDA kernels
+on XLA's stream on a GPU, the reference on the CPU). Traced values mixed with concrete CPU arrays
+(a constant closed over inside ``jit``) go to the buffer callbacks directly.
+
+Importing ``fusedkit`` does not import JAX; only ``fusedkit.jax`` does.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from .. import _dtypes, _interop
+from .. import norms as _fk
+from . import _prims
+
+__all__ = ["layer_norm", "rms_norm"]
+
+
+def _cast(g, like):
+    return g if like is None or g.dtype == like.dtype else g.astype(like.dtype)
+
+
+def _mixed(arrays) -> bool:
+    """Traced values next to concrete CPU arrays (a closed-over constant inside jit, say)."""
+    kinds = {_interop.framework(a) for a in arrays if a is not None}
+    return len(kinds) > 1 and kinds <= {_interop.JAX, "jax_cpu"}
+
+
+def _forward(x, weight, bias, eps, zero_centered_gamma, return_stats, rms):
+    if _mixed((x, weight, bias)):  # fusedkit.norms would take these for two frameworks
+        _fk._validate(x, weight, bias, None, None)
+        if eps < 0:
+            raise ValueError(f"fusedkit: eps must be >= 0, got {eps}")
+        return _prims.norm_forward(x, weight, bias, None, eps, zero_centered_gamma,
+                                   _dtypes.canonical(x.dtype), return_stats, rms)
+    return _fk._norm_forward(x, weight, bias, None, eps, zero_centered_gamma, None, return_stats, rms)
+
+
+def _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    if _mixed((dy, x, weight, mean, rstd)):
+        return _prims.norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+    return _fk._norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+
+
+# ----------------------------------------------------------------------------------------------------
+# LayerNorm
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _layer_norm(x, weight, bias, eps, zero_centered_gamma):
+    return _forward(x, weight, bias, eps, zero_centered_gamma, False, False)
+
+
+def _layer_norm_fwd(x, weight, bias, eps, zero_centered_gamma):
+    y, mean, rstd = _forward(x, weight, bias, eps, zero_centered_gamma, True, False)
+    return y, (x, weight, bias, mean, rstd)
+
+
+def _layer_norm_bwd(eps, zero_centered_gamma, res, dy):
+    x, weight, bias, mean, rstd = res
+    dx, dw, db = _backward(dy, x, weight, mean, rstd, zero_centered_gamma, False)
+    # db has weight's dtype (x's without a weight): a float32 bias next to no weight gets its own
+    return dx, dw, None if bias is None else _cast(db, bias)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, zero_centered_gamma=False):
+    """LayerNorm over the last dimension, differentiable in x, weight and bias."""
+    return _layer_norm(x, weight, bias, float(eps), bool(zero_centered_gamma))
+
+
+# ----------------------------------------------------------------------------------------------------
+# RMSNorm
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rms_norm(x, weight, eps, zero_centered_gamma):
+    return _forward(x, weight, None, eps, zero_centered_gamma, False, True)
+
+
+def _rms_norm_fwd(x, weight, eps, zero_centered_gamma):
+    y, rstd = _forward(x, weight, None, eps, zero_centered_gamma, True, True)
+    return y, (x, weight, rstd)
+
+
+def _rms_norm_bwd(eps, zero_centered_gamma, res, dy):
+    x, weight, rstd = res
+    dx, dw = _backward(dy, x, weight, None, rstd, zero_centered_gamma, True)
+    return dx, dw
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+def rms_norm(x, weight=None, eps=1e-6, zero_centered_gamma=False):
+    """RMSNorm over the last dimension, differentiable in x and weight."""
+    return _rms_norm(x, weight, float(eps), bool(zero_centered_gamma))

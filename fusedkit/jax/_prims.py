@@ -1,0 +1,268 @@
+"""LayerNorm / RMSNorm as XLA buffer callbacks (``jax.experimental.buffer_callback``).
+
+``norm_forward`` / ``norm_backward`` have the argument and return conventions of
+``fusedkit.norms._norm_forward`` / ``_norm_backward`` (which call them for JAX GPU arrays and for
+tracers, after validating the arguments), so they also work inside ``jax.jit``:
+
+* On a GPU the callback reads XLA's device buffers in place (``__cuda_array_interface__``) and
+  launches the CUDA kernels of ``fusedkit.backends.cuda_norms`` on XLA's stream (``ctx.stream``),
+  without leaving the XLA program and without synchronising.
+* On the CPU the callback runs ``fusedkit.reference`` on the host buffers.
+
+The platform is decided when the computation is staged: an eager (concrete) array's device picks
+it directly; under tracing both branches are staged with ``lax.platform_dependent`` and XLA keeps
+the one of the platform it lowers for.
+
+The CUDA backward reduces dweight / dbias through fp32 partial rows: these are extra outputs of the
+backward callback (so XLA allocates them, from its own pool) and are dropped afterwards.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import numpy as np
+from jax import lax
+from jax.experimental.buffer_callback import buffer_callback
+
+from .. import _dtypes
+from .. import reference as _ref
+
+_GPU_PLATFORMS = ("gpu", "cuda")
+_VMAP = "sequential"  # per-example weights would not fit one launch; vmap loops over the batch
+
+
+def _sds(shape, dt: str):
+    return jax.ShapeDtypeStruct(tuple(shape), _dtypes.numpy_dtype(dt))
+
+
+def _np(buf):
+    return None if buf is None else np.asarray(buf)
+
+
+def _ptr(buf) -> int:
+    return 0 if buf is None else buf.__cuda_array_interface__["data"][0]
+
+
+_streams: dict = {}
+
+
+def _stream(ptr: int, device: int):
+    s = _streams.get((ptr, device))
+    if s is None:
+        import cupy
+        s = _streams[(ptr, device)] = cupy.cuda.ExternalStream(ptr, device)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------
+# platform
+
+@functools.lru_cache(maxsize=None)
+def _jax_gpus() -> tuple:
+    """Local JAX GPU devices (empty without a GPU backend)."""
+    try:
+        return tuple(jax.local_devices(backend="gpu"))
+    except Exception:  # no GPU backend (RuntimeError), or a plugin that failed to initialise
+        return ()
+
+
+def _ordinal(dev) -> int:
+    hw = getattr(dev, "local_hardware_id", None)
+    return dev.id if hw is None else hw
+
+
+def _concrete_device(args):
+    """The device of eager (concrete) arrays; None when any is traced (decided at lowering)."""
+    dev = None
+    for a in args:
+        if a is None:
+            continue
+        if isinstance(a, jax.core.Tracer):
+            return None
+        if dev is None:
+            try:
+                devs = a.devices()
+            except Exception:
+                return None
+            if len(devs) != 1:
+                return None
+            dev = next(iter(devs))
+    return dev
+
+
+def _dispatch(cpu_fn, gpu_fn, args):
+    """``cpu_fn(*args)`` or ``gpu_fn(ordinal)(*args)``; traced args stage both branches."""
+    dev = _concrete_device(args)
+    if dev is not None:
+        if dev.platform in _GPU_PLATFORMS:
+            return gpu_fn(_ordinal(dev))(*args)
+        if dev.platform == "cpu":
+            return cpu_fn(*args)
+        raise NotImplementedError(f"fusedkit: no kernels for JAX platform {dev.platform!r}")
+    if not _jax_gpus():
+        return cpu_fn(*args)
+    return lax.platform_dependent(*args, cpu=cpu_fn, cuda=gpu_fn(None))
+
+
+# ----------------------------------------------------------------------------------------------------
+# forward
+
+def _w_dtype(x_dt, weight, bias):
+    for a in (weight, bias):
+        if a is not None:
+            return _dtypes.canonical(a.dtype)
+    return x_dt
+
+
+def norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms):
+    """y, then h (with a residual), then (mean, rstd) / rstd (with return_stats); a lone y unpacked."""
+    if rms:
+        bias = None
+    x_dt = _dtypes.canonical(x.dtype)
+    key = (tuple(x.shape), x_dt, _w_dtype(x_dt, weight, bias), _dtypes.canonical(out_dtype),
+           weight is not None, bias is not None, residual is not None, float(eps),
+           bool(zero_centered_gamma), bool(return_stats), bool(rms))
+    outs = _dispatch(_fwd_callable("cpu", key), lambda device: _fwd_callable("gpu", key),
+                     (x, residual, weight, bias))
+    out = tuple(o for o in outs if o is not None)
+    return out[0] if len(out) == 1 else out
+
+
+def _fwd_results(key):
+    shape, x_dt, w_dt, o_dt, has_w, has_b, has_r, eps, zc, stats, rms = key
+    return (_sds(shape, o_dt),
+            _sds(shape, x_dt) if has_r else None,
+            _sds(shape[:-1], "float32") if stats and not rms else None,
+            _sds(shape[:-1], "float32") if stats else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_callable(platform: str, key):
+    """One buffer_callback per (platform, static config): eager calls hit JAX's compile cache."""
+    shape, x_dt, w_dt, o_dt, has_w, has_b, has_r, eps, zc, stats, rms = key
+    N = shape[-1]
+    M = math.prod(shape[:-1])
+
+    def cpu_cb(ctx, out, x, res, w, b):
+        y_o, h_o, mean_o, rstd_o = out
+        fn = _ref.rms_norm if rms else _ref.layer_norm
+        kw = {} if rms else {"bias": _np(b)}
+        r = fn(_np(x), _np(w), eps=eps, zero_centered_gamma=zc, out_dtype=_dtypes.numpy_dtype(o_dt),
+               return_stats=True, residual=_np(res), **kw)
+        r = list(r)
+        np.asarray(y_o)[...] = r.pop(0)
+        if h_o is not None:
+            np.asarray(h_o)[...] = r.pop(0)
+        if mean_o is not None:
+            np.asarray(mean_o)[...] = r[0]
+        if rstd_o is not None:
+            np.asarray(rstd_o)[...] = r[-1]
+
+    def gpu_cb(ctx, out, x, res, w, b):
+        if M == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_norms
+        y_o, h_o, mean_o, rstd_o = out
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_norms.forward(_ptr(x), _ptr(res), _ptr(w), _ptr(b), _ptr(y_o), _ptr(h_o), _ptr(mean_o),
+                               _ptr(rstd_o), M, N, x_dt, w_dt, o_dt, eps, int(zc), rms, dev,
+                               _stream(ctx.stream, dev))
+
+    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _fwd_results(key), vmap_method=_VMAP)
+
+
+# ----------------------------------------------------------------------------------------------------
+# backward
+
+def norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    """(dx, dweight) for RMSNorm, (dx, dweight, dbias) for LayerNorm; dweight is None without weight."""
+    x_dt = _dtypes.canonical(x.dtype)
+    key = (tuple(x.shape), x_dt, _w_dtype(x_dt, weight, None), weight is not None,
+           bool(zero_centered_gamma), bool(rms))
+    dx, dw, db = _dispatch(_bwd_callable("cpu", key, 0), lambda device: _gpu_bwd(key, device),
+                           (dy, x, weight, None if rms else mean, rstd))
+    return (dx, dw) if rms else (dx, dw, db)
+
+
+def _gpu_bwd(key, device):
+    """The GPU backward for ``device`` (an ordinal), or for any local GPU when tracing (None)."""
+    shape, x_dt, w_dt, has_w, zc, rms = key
+    if not has_w and rms:  # nothing to reduce over rows: no scratch
+        return _bwd_callable("gpu", key, 0)
+    if device is not None:
+        return _bwd_callable("gpu", key, _partial_rows(key, (device,)))
+    try:  # staged for whichever GPU runs it: size the scratch for the largest need of the local kinds
+        ordinals, seen = [], set()
+        for d in _jax_gpus():
+            if d.device_kind not in seen:
+                seen.add(d.device_kind)
+                ordinals.append(_ordinal(d))
+        return _bwd_callable("gpu", key, _partial_rows(key, tuple(ordinals)))
+    except Exception as e:  # e.g. no CuPy: stage a GPU branch that fails only if it is ever run
+        return _bwd_callable("gpu", key, 1, repr(e))
+
+
+def _partial_rows(key, ordinals) -> int:
+    from ..backends import cuda_norms
+    shape, x_dt, w_dt, has_w, zc, rms = key
+    M = math.prod(shape[:-1])
+    return max(cuda_norms.bwd_partial_rows(M, shape[-1], x_dt, w_dt, rms, d) for d in ordinals)
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_callable(platform: str, key, P: int, error: str | None = None):
+    shape, x_dt, w_dt, has_w, zc, rms = key
+    N = shape[-1]
+    M = math.prod(shape[:-1])
+    scratch = platform == "gpu" and P > 0
+    results = (_sds(shape, x_dt),
+               _sds((N,), w_dt) if has_w else None,
+               None if rms else _sds((N,), w_dt),
+               _sds((P * N,), "float32") if scratch and has_w else None,
+               _sds((P * N,), "float32") if scratch and not rms else None)
+
+    def cpu_cb(ctx, out, dy, x, w, mean, rstd):
+        dx_o, dw_o, db_o = out[:3]
+        if rms:
+            dx, dw = _ref.rms_norm_backward(_np(dy), _np(x), _np(w), _np(rstd), zero_centered_gamma=zc)
+        else:
+            dx, dw, db = _ref.layer_norm_backward(_np(dy), _np(x), _np(w), _np(mean), _np(rstd),
+                                                  zero_centered_gamma=zc)
+            np.asarray(db_o)[...] = db
+        np.asarray(dx_o)[...] = dx
+        if dw_o is not None:
+            np.asarray(dw_o)[...] = dw
+
+    def gpu_cb(ctx, out, dy, x, w, mean, rstd):
+        if error is not None:
+            raise RuntimeError(f"fusedkit: the CUDA backward could not be set up: {error}")
+        import cupy
+
+        from ..backends import cuda_norms
+        dx_o, dw_o, db_o, dw_part, db_part = out
+        parts = iter([b for b in (dw_part, db_part) if b is not None])
+
+        def alloc_f32(n):
+            buf = next(parts)
+            if n > P * N:
+                raise RuntimeError(f"fusedkit: backward scratch of {P * N} floats staged, {n} needed "
+                                   f"on this device")
+            return buf, _ptr(buf)
+
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_norms.backward(_ptr(dy), _ptr(x), _ptr(w), _ptr(mean), _ptr(rstd), _ptr(dx_o), _ptr(dw_o),
+                                _ptr(db_o), M, N, x_dt, w_dt, int(zc), rms, dev, _stream(ctx.stream, dev),
+                                alloc_f32)
+
+    call = buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, results, vmap_method=_VMAP)
+
+    def run(dy, x, w, mean, rstd):
+        return call(dy, x, w, mean, rstd)[:3]  # the scratch outputs end here
+
+    return run

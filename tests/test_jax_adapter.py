@@ -1,0 +1,291 @@
+"""fusedkit.jax: custom_vjp LayerNorm / RMSNorm under jax.jit and jax.grad, against an fp64 NumPy
+reference; and the public fusedkit API on JAX arrays (eager host path, traced buffer callbacks).
+
+On the CPU the traced calls run fusedkit's CPU backend inside ``buffer_callback``; the GPU variants
+(marked ``gpu``) run the CUDA kernels on XLA's stream. Every case draws fresh inputs from its own seed.
+"""
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import fusedkit as fk  # noqa: E402
+import fusedkit.jax as fj  # noqa: E402
+from fusedkit.jax import _prims  # noqa: E402
+from _backends import REL, assert_close, rand, to_numpy  # noqa: E402
+
+DTYPES = ["float32", "bfloat16"]
+NS = [7, 781, 1024]
+SHAPES = [(2, 3), (5,)]  # leading dims
+LN_VARIANTS = ["affine", "fp32_params", "zero_centered", "no_affine", "bias_only"]
+RMS_VARIANTS = ["weight", "fp32_weight", "zero_centered", "no_weight"]
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def gpu_device():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend")
+
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", marks=pytest.mark.gpu, id="gpu")]
+
+
+def put(a, device):
+    if a is None:
+        return None
+    dev = jax.devices("cpu")[0] if device == "cpu" else gpu_device()
+    return jax.device_put(jnp.asarray(a), dev)
+
+
+def assert_rel(got, want, dtype, what, floor=1e-3):
+    g = to_numpy(got).astype(np.float64)
+    w = np.asarray(want, dtype=np.float64)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
+    err = np.linalg.norm(g - w) / max(np.linalg.norm(w), floor)
+    assert err < REL[dtype], f"{what}: relative error {err:.3g} >= {REL[dtype]}"
+
+
+def ref64(x, w, b, dy, eps, rms, zero_centered=False):
+    """fp64 forward and backward: y, dx, dweight, dbias."""
+    shape, N = x.shape, x.shape[-1]
+    x = x.astype(np.float64).reshape(-1, N)
+    dy = dy.astype(np.float64).reshape(-1, N)
+    mean = 0.0 if rms else x.mean(-1, keepdims=True)
+    d = x - mean
+    rstd = 1.0 / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+    xhat = d * rstd
+    g = np.ones(N) if w is None else w.astype(np.float64) + (1.0 if zero_centered else 0.0)
+    y = xhat * g + (0.0 if b is None else b.astype(np.float64))
+    gd = dy * g
+    c2 = 0.0 if rms else gd.mean(-1, keepdims=True)
+    dx = rstd * (gd - xhat * (gd * xhat).mean(-1, keepdims=True) - c2)
+    return y.reshape(shape), dx.reshape(shape), (dy * xhat).sum(0), dy.sum(0)
+
+
+def make(key, shape, dtype, variant, rms):
+    rng = rng_for(*key)
+    N = shape[-1]
+    zc = variant == "zero_centered"
+    p_dtype = "float32" if variant in ("fp32_params", "fp32_weight", "bias_only") else dtype
+    x = rand(rng, shape, dtype, loc=-2.3, scale=0.5)
+    w = rand(rng, (N,), p_dtype, loc=0.0 if zc else 1.0, scale=0.3)
+    b = None if rms else rand(rng, (N,), p_dtype, scale=0.3)
+    if variant in ("no_affine", "no_weight", "bias_only"):
+        w = None
+    if variant == "no_affine":
+        b = None
+    dy = rand(rng, shape, dtype)
+    return x, w, b, dy, zc
+
+
+def check(device, dtype, shape, variant, rms, key):
+    x, w, b, dy, zc = make(key, shape, dtype, variant, rms)
+    eps = 1e-6 if rms else 1e-5
+    X, W, B, DY = (put(a, device) for a in (x, w, b, dy))
+    params = {"x": X, "w": W, "b": B}
+    params = {k: v for k, v in params.items() if v is not None}
+
+    def f(p):
+        if rms:
+            return fj.rms_norm(p["x"], p.get("w"), eps=eps, zero_centered_gamma=zc)
+        return fj.layer_norm(p["x"], p.get("w"), p.get("b"), eps=eps, zero_centered_gamma=zc)
+
+    def loss(p, ct):
+        return jnp.sum(f(p).astype(jnp.float32) * ct.astype(jnp.float32))
+
+    y = jax.jit(f)(params)
+    grads = jax.jit(jax.grad(loss))(params, DY)
+    assert isinstance(y, jax.Array) and y.dtype == X.dtype and y.shape == X.shape
+    y64, dx64, dw64, db64 = ref64(x, w, b, dy, eps, rms, zc)
+    assert_close(y, y64, dtype, "y")
+    assert grads["x"].dtype == X.dtype
+    assert_close(grads["x"], dx64, dtype, "dx")
+    if W is not None:
+        assert grads["w"].dtype == W.dtype
+        assert_rel(grads["w"], dw64, dtype, "dweight")
+    if B is not None:
+        assert grads["b"].dtype == B.dtype
+        assert_rel(grads["b"], db64, dtype, "dbias")
+    # eager (no jit): the same function, through the host path on the CPU
+    y_eager = f(params)
+    assert_close(y_eager, y64, dtype, "y eager")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("lead", SHAPES, ids=str)
+@pytest.mark.parametrize("variant", LN_VARIANTS)
+def test_layer_norm_jit_grad(device, dtype, N, lead, variant):
+    check(device, dtype, lead + (N,), variant, False, ("ln", device, dtype, N, lead, variant))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("lead", SHAPES, ids=str)
+@pytest.mark.parametrize("variant", RMS_VARIANTS)
+def test_rms_norm_jit_grad(device, dtype, N, lead, variant):
+    check(device, dtype, lead + (N,), variant, True, ("rms", device, dtype, N, lead, variant))
+
+
+# ------------------------------------------------------------------------------------------------
+# the public fusedkit API on JAX arrays (the conventions of fusedkit.norms)
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_public_api_eager_and_jit(device, dtype):
+    rng = rng_for("api", device, dtype)
+    N = 781
+    x = rand(rng, (3, 4, N), dtype, loc=-2.3, scale=0.5)
+    r = rand(rng, (3, 4, N), dtype)
+    w = rand(rng, (N,), "float32", loc=1.0, scale=0.3)
+    b = rand(rng, (N,), "float32", scale=0.3)
+    dy = rand(rng, (3, 4, N), dtype)
+    X, R, W, B, DY = (put(a, device) for a in (x, r, w, b, dy))
+    h_want = (x.astype(np.float32) + r.astype(np.float32)).astype(x.dtype)
+    y64, dx64, dw64, db64 = ref64(h_want, w, b, dy, 1e-5, False)
+
+    def fwd(X, W, B, R):
+        return fk.layer_norm(X, W, B, residual=R, return_stats=True, out_dtype="float32")
+
+    def bwd(DY, H, W, mean, rstd):
+        return fk.layer_norm_backward(DY, H, W, mean, rstd)
+
+    for mode, fw, bw in (("eager", fwd, bwd), ("jit", jax.jit(fwd), jax.jit(bwd))):
+        y, h, mean, rstd = fw(X, W, B, R)
+        for a in (y, h, mean, rstd):
+            assert isinstance(a, jax.Array), mode
+        assert y.dtype == jnp.float32 and h.dtype == X.dtype, mode
+        assert mean.shape == rstd.shape == (3, 4) and mean.dtype == rstd.dtype == jnp.float32, mode
+        np.testing.assert_array_equal(to_numpy(h), h_want, err_msg=mode)
+        assert_close(y, y64, "float32" if dtype == "float32" else dtype, f"y ({mode})")
+        dx, dw, db = bw(DY, h, W, mean, rstd)
+        assert dx.dtype == X.dtype and dw.dtype == db.dtype == jnp.float32, mode
+        assert_close(dx, dx64, dtype, f"dx ({mode})")
+        assert_rel(dw, dw64, dtype, f"dweight ({mode})")
+        assert_rel(db, db64, dtype, f"dbias ({mode})")
+
+    # a lone y is returned unpacked, and stats-only RMS conventions
+    for fn in (lambda X: fk.rms_norm(X), jax.jit(lambda X: fk.rms_norm(X))):
+        assert isinstance(fn(X), jax.Array)
+    y, rstd = jax.jit(lambda X: fk.rms_norm(X, return_stats=True))(X)
+    dx, dw = jax.jit(lambda DY, X, rstd: fk.rms_norm_backward(DY, X, None, rstd))(DY, X, rstd)
+    assert dw is None
+    assert_close(dx, ref64(x, None, None, dy, 1e-6, True)[1], dtype, "rms dx without weight")
+
+
+def test_eager_cpu_returns_jax_array():
+    x = jnp.asarray(rand(rng_for("eager"), (4, 64), "float32"))
+    y = fk.layer_norm(x)
+    assert isinstance(y, jax.Array)
+    y, mean, rstd = fk.layer_norm(x, return_stats=True)
+    assert all(isinstance(a, jax.Array) for a in (y, mean, rstd))
+    assert_close(y, ref64(np.asarray(x), None, None, np.zeros((4, 64)), 1e-5, False)[0], "float32", "y")
+
+
+def test_vmap_and_zero_rows():
+    rng = rng_for("vmap")
+    x = rand(rng, (3, 5, 64), "float32")
+    w = rand(rng, (3, 64), "float32", loc=1.0, scale=0.3)   # one weight per example
+    ys = jax.jit(jax.vmap(fj.rms_norm))(jnp.asarray(x), jnp.asarray(w))
+    for i in range(3):
+        assert_close(ys[i], ref64(x[i], w[i], None, x[i], 1e-6, True)[0], "float32", f"vmap row {i}")
+    g = jax.jit(jax.vmap(jax.grad(lambda x, w: fj.layer_norm(x, w).sum(), argnums=1)))(
+        jnp.asarray(x), jnp.asarray(w))
+    for i in range(3):
+        assert_rel(g[i], ref64(x[i], w[i], None, np.ones_like(x[i]), 1e-5, False)[2], "float32",
+                   f"vmap dweight {i}")
+    z = jnp.zeros((0, 32), jnp.float32)
+    wz = jnp.ones((32,), jnp.float32)
+    y = jax.jit(fj.layer_norm)(z, wz)
+    assert y.shape == (0, 32)
+    gw = jax.jit(jax.grad(lambda w: fj.layer_norm(z, w).sum()))(wz)
+    np.testing.assert_array_equal(np.asarray(gw), np.zeros(32, np.float32))
+
+
+def test_closed_over_constants_under_jit():
+    """Traced x with concrete weight / bias closed over (and the reverse) inside jit."""
+    rng = rng_for("const")
+    x = rand(rng, (6, 781), "bfloat16", loc=-2.3, scale=0.5)
+    w = rand(rng, (781,), "float32", loc=1.0, scale=0.3)
+    b = rand(rng, (781,), "float32", scale=0.3)
+    dy = rand(rng, (6, 781), "bfloat16")
+    X, W, B, DY = (jnp.asarray(a) for a in (x, w, b, dy))
+    y64, dx64, dw64, db64 = ref64(x, w, b, dy, 1e-5, False)
+    assert_close(jax.jit(lambda X: fj.layer_norm(X, W, B))(X), y64, "bfloat16", "y, constant params")
+    gx = jax.jit(jax.grad(lambda X: jnp.sum(fj.layer_norm(X, W, B).astype(jnp.float32) * DY)))(X)
+    assert_close(gx, dx64, "bfloat16", "dx, constant params")
+    gw, gb = jax.jit(jax.grad(lambda W, B: jnp.sum(fj.layer_norm(X, W, B).astype(jnp.float32) * DY),
+                              argnums=(0, 1)))(W, B)
+    assert_rel(gw, dw64, "bfloat16", "dweight, constant x")
+    assert_rel(gb, db64, "bfloat16", "dbias, constant x")
+    y64, dx64, dw64, _ = ref64(x, w, None, dy, 1e-6, True)
+    gx = jax.jit(jax.grad(lambda X: jnp.sum(fj.rms_norm(X, W).astype(jnp.float32) * DY)))(X)
+    assert_close(gx, dx64, "bfloat16", "rms dx, constant weight")
+
+
+def test_staged_for_gpu_and_cpu(monkeypatch):
+    """With a GPU backend present, traced calls stage both branches (lax.platform_dependent) and
+    XLA keeps the one of the platform it lowers for: fake a GPU here and check the CPU result."""
+    class FakeGpu:
+        platform, device_kind, id, local_hardware_id = "gpu", "fake", 0, 0
+
+    monkeypatch.setattr(_prims, "_jax_gpus", lambda: (FakeGpu(),))
+    monkeypatch.setattr(_prims, "_partial_rows", lambda key, ordinals: 3)
+    rng = rng_for("staged")
+    x = rand(rng, (4, 96), "float32", loc=-2.3, scale=0.5)
+    w = rand(rng, (96,), "float32", loc=1.0, scale=0.3)
+    b = rand(rng, (96,), "float32")
+    dy = rand(rng, (4, 96), "float32")
+    X, W, B, DY = (jnp.asarray(a) for a in (x, w, b, dy))
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda X, W, B: jnp.sum(fj.layer_norm(X, W, B) * DY),
+                                        argnums=(0, 1, 2)))(X, W, B))
+    assert "platform_index" in jaxpr and "float32[288]" in jaxpr  # GPU scratch: P * N = 3 * 96
+    gx, gw, gb = jax.jit(jax.grad(lambda X, W, B: jnp.sum(fj.layer_norm(X, W, B) * DY),
+                                  argnums=(0, 1, 2)))(X, W, B)
+    y64, dx64, dw64, db64 = ref64(x, w, b, dy, 1e-5, False)
+    assert_close(gx, dx64, "float32", "dx")
+    assert_rel(gw, dw64, "float32", "dweight")
+    assert_rel(gb, db64, "float32", "dbias")
+    assert_close(jax.jit(fj.rms_norm)(X, W), ref64(x, w, None, dy, 1e-6, True)[0], "float32", "rms y")
+
+
+@pytest.mark.gpu
+def test_gpu_jit_inside_larger_program():
+    """On a GPU: the kernels run on XLA's stream between XLA ops inside one jit program."""
+    dev = gpu_device()
+    rng = rng_for("gpu_program")
+    N = 1024
+    x = rand(rng, (64, 8, N), "bfloat16", loc=-2.3, scale=0.5)
+    w = rand(rng, (N,), "float32", loc=1.0, scale=0.3)
+    X, W = jax.device_put(jnp.asarray(x), dev), jax.device_put(jnp.asarray(w), dev)
+
+    @jax.jit
+    def step(X, W):
+        z = X * 2                                   # XLA op before
+        y = fj.rms_norm(z, W)
+        return (y.astype(jnp.float32) * 3).sum(), jax.grad(lambda W: fj.rms_norm(z, W).astype(
+            jnp.float32).sum())(W)
+
+    s, gw = step(X, W)
+    z = (x.astype(np.float32) * 2).astype(x.dtype)
+    y64, _, dw64, _ = ref64(z, w, None, np.ones(z.shape), 1e-6, True)
+    np.testing.assert_allclose(float(s), 3 * y64.sum(), rtol=2e-2, atol=1.0)
+    assert_rel(gw, dw64, "bfloat16", "dweight on GPU")
+
+
+def test_import_fusedkit_does_not_import_jax():
+    code = "import sys, fusedkit; sys.exit(1 if 'jax' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

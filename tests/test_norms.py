@@ -1,0 +1,241 @@
+"""LayerNorm / RMSNorm: one body for every backend (NumPy CPU backend always; CuPy, torch, JAX on a GPU).
+
+Every case draws fresh inputs from its own seed, mean-shifted (-2.3 + 0.5 randn) as real activations
+are, rounded to the storage dtype before the float64 reference sees them.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import fusedkit as fk
+from fusedkit import reference as ref
+from _backends import (assert_close, assert_rel, backend_params, framework_of, rand, skip_unsupported,
+                       to_backend, to_numpy)
+
+DTYPES = ["float32", "float16", "bfloat16"]
+SHAPES = [(0, 64), (1, 1), (7, 7), (3, 781), (1151, 1024), (2, 3, 4096), (5, 16384), (3, 65536),
+          (2, 131072), (2, 262144)]
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def ref64_forward(x, w, b, eps, rms, zero_centered=False):
+    x = x.astype(np.float64)
+    mean = np.zeros(x.shape[:-1]) if rms else x.mean(-1)
+    d = x - mean[..., None]
+    rstd = 1.0 / np.sqrt((d * d).mean(-1) + eps)
+    g = 1.0 if w is None else w.astype(np.float64) + (1.0 if zero_centered else 0.0)
+    y = d * rstd[..., None] * g
+    if b is not None:
+        y = y + b.astype(np.float64)
+    return y, mean, rstd
+
+
+def ref64_backward(dy, x, w, eps, rms):
+    N = x.shape[-1]
+    x = x.astype(np.float64).reshape(-1, N)
+    dy = dy.astype(np.float64).reshape(-1, N)
+    _, mean, rstd = ref64_forward(x, None, None, eps, rms)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = np.ones(N) if w is None else w.astype(np.float64)
+    gd = dy * g
+    c1 = (gd * xhat).mean(-1, keepdims=True)
+    c2 = 0.0 if rms else gd.mean(-1, keepdims=True)
+    dx = rstd[:, None] * (gd - xhat * c1 - c2)
+    return dx, (dy * xhat).sum(0), dy.sum(0)
+
+
+def _make(backend, dtype, shape, w_dtype, seed_key):
+    rng = rng_for(*seed_key)
+    N = shape[-1]
+    x = rand(rng, shape, dtype, loc=-2.3, scale=0.5)
+    w = rand(rng, (N,), w_dtype, loc=1.0, scale=0.3)
+    b = rand(rng, (N,), w_dtype, scale=0.3)
+    return rng, x, w, b
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_forward(backend, dtype, shape, rms):
+    skip_unsupported(backend, dtype)
+    w_dtype = "float32" if shape[-1] % 2 else dtype
+    rng, x, w, b = _make(backend, dtype, shape, w_dtype, ("fwd", backend, dtype, shape, rms))
+    eps = 1e-5
+    X, W, B = (to_backend(a, backend) for a in (x, w, b))
+    if rms:
+        y, rstd = fk.rms_norm(X, W, eps=eps, return_stats=True)
+        mean = None
+    else:
+        y, mean, rstd = fk.layer_norm(X, W, B, eps=eps, return_stats=True)
+    assert framework_of(y) == framework_of(X)
+    y64, mean64, rstd64 = ref64_forward(x, w, None if rms else b, eps, rms)
+    assert_close(y, y64, dtype, "y")
+    assert to_numpy(y).dtype == x.dtype
+    if mean is not None:
+        np.testing.assert_allclose(to_numpy(mean), mean64, atol=1e-5, rtol=1e-5, err_msg="mean")
+    np.testing.assert_allclose(to_numpy(rstd), rstd64, rtol=1e-4, err_msg="rstd")
+    if backend != "numpy":  # the GPU kernels against the CPU backend
+        y_cpu = ref.rms_norm(x, w, eps=eps) if rms else ref.layer_norm(x, w, b, eps=eps)
+        assert_close(y, y_cpu.astype(np.float64), dtype, "y vs CPU backend")
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_backward(backend, dtype, shape, rms):
+    skip_unsupported(backend, dtype)
+    w_dtype = "float32" if shape[-1] % 2 else dtype
+    rng, x, w, b = _make(backend, dtype, shape, w_dtype, ("bwd", backend, dtype, shape, rms))
+    dy = rand(rng, shape, dtype)
+    eps = 1e-5
+    X, W, B, DY = (to_backend(a, backend) for a in (x, w, b, dy))
+    if rms:
+        _, rstd = fk.rms_norm(X, W, eps=eps, return_stats=True)
+        dx, dw = fk.rms_norm_backward(DY, X, W, rstd)
+        db = None
+    else:
+        _, mean, rstd = fk.layer_norm(X, W, B, eps=eps, return_stats=True)
+        dx, dw, db = fk.layer_norm_backward(DY, X, W, mean, rstd)
+    dx64, dw64, db64 = ref64_backward(dy, x, w, eps, rms)
+    assert_close(dx, dx64.reshape(shape), dtype, "dx")
+    assert to_numpy(dw).dtype == w.dtype
+    if shape[0] == 0:
+        assert np.all(to_numpy(dw) == 0)
+    else:
+        assert_rel(dw, dw64, w_dtype if w_dtype != "float32" else dtype, "dweight")
+    if db is not None:
+        if shape[0] == 0:
+            assert np.all(to_numpy(db) == 0)
+        else:
+            assert_rel(db, db64, w_dtype if w_dtype != "float32" else dtype, "dbias")
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [781, 4096, 131072])
+def test_residual_zero_centered_out_dtype(backend, dtype, N):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("res", backend, dtype, N)
+    x = rand(rng, (3, N), dtype, loc=-2.3, scale=0.5)
+    r = rand(rng, (3, N), dtype)
+    w = rand(rng, (N,), "float32", scale=0.1)
+    X, R, W = (to_backend(a, backend) for a in (x, r, w))
+    y, h = fk.rms_norm(X, W, residual=R, zero_centered_gamma=True, out_dtype="float32")
+    h_want = (x.astype(np.float32) + r.astype(np.float32)).astype(x.dtype)
+    np.testing.assert_array_equal(to_numpy(h), h_want)
+    y64, _, _ = ref64_forward(h_want, w, None, 1e-6, True, zero_centered=True)
+    assert to_numpy(y).dtype == np.float32
+    # input rounding of h is exact (same values), so fp32 output is held to fp32 tolerance
+    assert_close(y, y64, "float32", "rms_norm y with residual")
+    y2, h2, mean, rstd = fk.layer_norm(X, W, W, residual=R, zero_centered_gamma=True, return_stats=True)
+    np.testing.assert_array_equal(to_numpy(h2), h_want)
+    y64, _, _ = ref64_forward(h_want, w, w, 1e-5, False, zero_centered=True)
+    assert_close(y2, y64, dtype, "layer_norm y with residual")
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_no_weight(backend):
+    skip_unsupported(backend, "float32")
+    rng = rng_for("noweight", backend)
+    x = rand(rng, (4, 33), "float32")
+    y = fk.layer_norm(to_backend(x, backend))
+    assert_close(y, ref64_forward(x, None, None, 1e-5, False)[0], "float32", "y")
+    y, rstd = fk.rms_norm(to_backend(x, backend), return_stats=True)
+    dx, dw = fk.rms_norm_backward(to_backend(x, backend), to_backend(x, backend), None, rstd)
+    assert dw is None
+    assert_close(dx, ref64_backward(x, x, None, 1e-6, True)[0], "float32", "dx")
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_nan_and_inf_stay_in_their_row(backend):
+    """Documented result: a NaN or Inf in a row makes that row's output NaN; other rows are exact."""
+    skip_unsupported(backend, "float32")
+    rng = rng_for("nan", backend)
+    x = rand(rng, (4, 1024), "float32")
+    x[1, 5] = np.nan
+    x[2, 7] = np.inf
+    y = to_numpy(fk.layer_norm(to_backend(x, backend)))
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    good = [0, 3]
+    assert_close(y[good], ref64_forward(x[good], None, None, 1e-5, False)[0], "float32", "finite rows")
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input: a clear exception that says what was wrong
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_bad_inputs(backend):
+    skip_unsupported(backend, "float32")
+    rng = rng_for("bad", backend)
+    x = to_backend(rand(rng, (4, 64), "float32"), backend)
+    w_bad = to_backend(rand(rng, (63,), "float32"), backend)
+    with pytest.raises(ValueError, match="shape \\(64,\\)"):
+        fk.layer_norm(x, w_bad)
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
+        fk.layer_norm(to_backend(np.zeros((4, 64), np.int32), backend))
+    w16 = to_backend(rand(rng, (64,), "float16"), backend)
+    with pytest.raises(TypeError, match="float32 or x's dtype"):
+        fk.layer_norm(x, w16)
+    with pytest.raises(ValueError, match="last dimension"):
+        fk.layer_norm(to_backend(np.zeros((4, 0), np.float32), backend))
+    with pytest.raises(ValueError, match="eps"):
+        fk.rms_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="rstd"):
+        fk.rms_norm_backward(x, x, None, to_backend(np.zeros((3,), np.float32), backend))
+    with pytest.raises(ValueError, match="dy"):
+        fk.rms_norm_backward(to_backend(np.zeros((4, 32), np.float32), backend), x, None,
+                             to_backend(np.zeros((4,), np.float32), backend))
+    if backend != "numpy":
+        with pytest.raises(TypeError, match="numpy|host"):
+            fk.layer_norm(x, np.ones(64, np.float32))
+
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+def test_non_contiguous_raises(backend):
+    skip_unsupported(backend, "float32")
+    x = to_backend(np.ones((64, 32), np.float32), backend)
+    xt = x.T
+    with pytest.raises(ValueError, match="contiguous"):
+        fk.layer_norm(xt)
+
+
+def test_numpy_non_contiguous_is_accepted():
+    x = rand(rng_for("nc"), (32, 64), "float32")
+    y = fk.layer_norm(x.T)
+    assert_close(y, ref64_forward(x.T, None, None, 1e-5, False)[0], "float32", "strided numpy")
+
+
+def test_unknown_input_type():
+    with pytest.raises(TypeError, match="expects an array"):
+        fk.layer_norm([1.0, 2.0])
+
+
+@pytest.mark.gpu
+def test_torch_non_default_stream():
+    torch = pytest.importorskip("torch")
+    rng = rng_for("stream")
+    x = rand(rng, (4096, 1024), "bfloat16", loc=-2.3, scale=0.5)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        X = to_backend(x, "torch")            # copy queued on s
+        y = fk.layer_norm(X)                 # must run after it, on s
+        z = y.float() * 2                    # torch op on s consumes our output
+    s.synchronize()
+    assert_close(z / 2, ref64_forward(x, None, None, 1e-5, False)[0], "bfloat16", "on a side stream")
+
+
+@pytest.mark.gpu
+def test_cupy_stream_and_cache_across_calls():
+    cupy = pytest.importorskip("cupy")
+    x = rand(rng_for("cs"), (129, 4096), "float16")
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        y = fk.rms_norm(cupy.asarray(x))
+    s.synchronize()
+    assert_close(y, ref64_forward(x, None, None, 1e-6, True)[0], "float16", "cupy side stream")

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
+# asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
+#   STAGES="test,sanitize,jit,sweep,bench,asv" bash tools/gpu_check.sh     (default: all but sweep)
+set -u
+OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
+STAGES=${STAGES:-test,sanitize,jit,bench,asv}
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FUSEDKIT_CACHE_DIR=/tmp/fkcache
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+python3 -m fusedkit info | tee "$OUT/info.txt"
+
+if has jit; then
+  rm -rf /tmp/fkcache_jit
+  FUSEDKIT_CACHE_DIR=/tmp/fkcache_jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"
+import time, fusedkit._jit as j
+from fusedkit.backends import cuda_norms as cn
+e = cn.fwd_expr(cn.fwd_config(4096, 2), "bfloat16", "bfloat16", "bfloat16", False)
+t = time.perf_counter(); j.get_kernel(cn.FILE, e, 0); print(f"jit first compile+load: {(time.perf_counter()-t)*1e3:.0f} ms")
+PY
+  FUSEDKIT_CACHE_DIR=/tmp/fkcache_jit python3 - <<'PY' 2>&1 | tee -a "$OUT/jit.txt"
+import time, fusedkit._jit as j
+from fusedkit.backends import cuda_norms as cn
+e = cn.fwd_expr(cn.fwd_config(4096, 2), "bfloat16", "bfloat16", "bfloat16", False)
+t = time.perf_counter(); j.get_kernel(cn.FILE, e, 0); print(f"jit cached load (new process): {(time.perf_counter()-t)*1e3:.1f} ms")
+PY
+fi
+
+pids=()
+if has test; then
+  ( timeout 420 python3 -m pytest -q -p no:cacheprovider tests -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
+fi
+if has sanitize; then
+  ( for tool in memcheck racecheck; do
+      timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_norms.py > "$OUT/$tool.log" 2>&1
+      echo "$tool rc=$?" >> "$OUT/$tool.log"
+    done ) & pids+=($!)
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+
+if has sweep; then timeout 300 python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
+if has bench; then
+  timeout 420 python3 -m fusedkit bench --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
+fi
+if has asv; then
+  ( [ -d .git ] || { git init -q && git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; }
+    cd asv_bench && timeout 300 python3 -m asv run --python=same --quick --show-stderr > "$OUT/asv.log" 2>&1
+    echo "asv run rc=$?" >> "$OUT/asv.log"; python3 -m asv publish >> "$OUT/asv.log" 2>&1; echo "asv publish rc=$?" >> "$OUT/asv.log"
+    tar czf "$OUT/asv_results.tgz" results html 2>/dev/null )
+fi
+
+echo "================ summary ================"
+cat "$OUT/jit.txt" 2>/dev/null
+tail -n 3 "$OUT/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" 2>/dev/null | head -20
+for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_norms" "$OUT/$t.log" 2>/dev/null | tail -3; done
+grep BEST "$OUT/sweep.log" 2>/dev/null; tail -n 2 "$OUT/sweep.log" 2>/dev/null
+grep -E "rc=" "$OUT/asv.log" 2>/dev/null
+cat "$OUT/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80

@@ -1,0 +1,95 @@
+"""Sweep the norm kernels' launch configs (warps per row x vectors per thread) on the GPU.
+
+Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
+The winners go into fusedkit/backends/cuda_norms.py TUNED (see docs/perf_notes.rst).
+"""
+import json
+import sys
+
+import torch
+
+from fusedkit import _jit
+from fusedkit.backends import cuda_norms as cn
+from fusedkit.bench import GpuTimer, copy_gbps
+
+cupy_stream = None
+
+
+def main(out_path):
+    import cupy
+    timer = GpuTimer(torch)
+    copy = copy_gbps(torch, timer)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    results = []
+    for N in (1024, 4096, 8192, 16384):
+        M = 2**27 // N
+        x = (torch.randn(M, N, device="cuda") * 0.5 - 2.3).bfloat16()
+        dy = torch.randn(M, N, device="cuda").bfloat16()
+        w = torch.randn(N, device="cuda").bfloat16()
+        y = torch.empty_like(x)
+        dx = torch.empty_like(x)
+        mean = torch.empty(M, device="cuda")
+        rstd = torch.empty(M, device="cuda")
+        dw = torch.empty(N, device="cuda", dtype=torch.bfloat16)
+        db = torch.empty_like(dw)
+        vec = cn.vec_width(N, 2)
+        nv = N // vec
+        for rms in (False, True):
+            for direction in ("fwd", "bwd"):
+                best = None
+                for warps in (1, 2, 4, 8, 16, 32):
+                    for items in (1, 2, 4, 8):
+                        if not (32 * warps * items >= nv > 32 * warps * items // 2):
+                            continue
+                        if warps > 16 or (direction == "fwd" and items > 4):
+                            continue
+                        cfg = ("rows", vec, items, warps)
+                        try:
+                            if direction == "fwd":
+                                expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms)
+
+                                def fn():
+                                    cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
+                                               y.data_ptr(), 0, 0 if rms else mean.data_ptr(), rstd.data_ptr(),
+                                               M, N, "bfloat16", "bfloat16", "bfloat16", 1e-5, 0, rms, 0,
+                                               stream, config=cfg)
+                                nbytes = 4 * M * N
+                            else:
+                                expr = cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms)
+
+                                def alloc(n):
+                                    t = torch.empty(n, device="cuda")
+                                    return t, t.data_ptr()
+
+                                def fn():
+                                    cn.backward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
+                                                rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                                                0 if rms else db.data_ptr(), M, N, "bfloat16", "bfloat16", 0,
+                                                rms, 0, stream, alloc, config=cfg)
+                                nbytes = 6 * M * N
+                            k = _jit.get_kernel(cn.FILE, expr, 0)
+                            ms = timer.ms(fn, rep=15, min_time_ms=50)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")
+                            continue
+                        gbps = nbytes / ms / 1e6
+                        r = {"N": N, "rms": rms, "dir": direction, "items": items, "warps": warps, "ms": ms,
+                             "GBps": gbps, "of_copy": gbps / copy, "regs": k.num_regs,
+                             "local_bytes": k.local_size_bytes}
+                        results.append(r)
+                        if best is None or ms < best["ms"]:
+                            best = r
+                        print(f"N={N:6d} {'rms' if rms else 'ln '} {direction} warps={warps:2d} items={items} "
+                              f"{ms:.4f} ms {gbps:6.0f} GB/s {gbps / copy:.3f} regs={k.num_regs} "
+                              f"local={k.local_size_bytes}", flush=True)
+                if best:
+                    print(f"BEST N={N} {'rms' if rms else 'ln'} {direction}: warps={best['warps']} "
+                          f"items={best['items']} {best['of_copy']:.3f} of copy", flush=True)
+        del x, dy, y, dx
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"copy_GBps": copy, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
