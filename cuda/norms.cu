@@ -26,7 +26,7 @@
 // memory (read-modify-write, exclusive to the block): correct for any N, not bandwidth-optimal.
 //
 // Numerics: fp32 accumulation everywhere; rstd = rsqrt(var + eps); weights in fp32 or the input dtype,
-// g = w + 1 when zero_centered_gamma. Variants tried: see docs/perf_notes.md.
+// g = w + 1 when zero_centered_gamma. Variants tried: see docs/perf_notes.rst.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -345,7 +345,7 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
 // ---------------------------------------------------------------------------------------------------
 // Backward, long rows: one row at a time per block, partial dweight / dbias row in global memory.
 template <typename T, typename W, int VEC, bool RMS>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(512, 1)
 norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                 T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part,

@@ -45,6 +45,8 @@ class OptionalAutomodule(SphinxDirective):
 
     def run(self):
         name = self.arguments[0]
+        # re-read this page on every build: whether the module imports is not a source change
+        self.env.fk_optional_docs = getattr(self.env, "fk_optional_docs", set()) | {self.env.docname}
         try:
             with mock(autodoc_mock_imports):
                 importlib.import_module(name)
@@ -65,5 +67,10 @@ class OptionalAutomodule(SphinxDirective):
         return node.children
 
 
+def _reread_optional(app, env, added, changed, removed):
+    return sorted(d for d in getattr(env, "fk_optional_docs", ()) if d in env.found_docs)
+
+
 def setup(app):
     app.add_directive("optional-automodule", OptionalAutomodule)
+    app.connect("env-get-outdated", _reread_optional)

@@ -1,15 +1,15 @@
 """Arrays in, arrays out: which framework an input belongs to, raw device views, output allocation,
 and the stream a kernel must launch on.
 
-Rules (docs/interop.md):
+Rules (docs/interop.rst):
 * NumPy arrays (and CPU torch tensors / CPU JAX arrays) run on the CPU backend; the result has the
   caller's type.
 * CuPy arrays and CUDA torch tensors are read in place (no copy) and the kernels launch on the
   caller's current stream: CuPy's current stream, or ``torch.cuda.current_stream()``.
   No call synchronises the device.
 * JAX arrays on a GPU go through ``fusedkit.jax`` (``buffer_callback`` on XLA's stream).
-* Any other object with ``__dlpack__`` is imported with ``cupy.from_dlpack`` (GPU) or
-  ``numpy.from_dlpack`` (CPU).
+* Any other object with ``__dlpack__`` is imported with ``numpy.from_dlpack`` (host memory only;
+  other GPU producers: convert to CuPy or torch first).
 * Inputs must be C-contiguous: a strided view raises ValueError (call ``.contiguous()`` /
   ``cupy.ascontiguousarray``); fusedkit never copies behind your back.
 * All inputs of one call must be on one device and of the same framework.

@@ -57,7 +57,8 @@ def arch_for(cc: int) -> str:
 
 
 def compile_options(arch: str, extra=()) -> list[str]:
-    return [*BASE_OPTIONS, f"--gpu-architecture={arch}", *extra]
+    user = os.environ.get("FUSEDKIT_NVRTC_OPTIONS", "").split()  # experiments; part of the cache key
+    return [*BASE_OPTIONS, f"--gpu-architecture={arch}", *user, *extra]
 
 
 def compile_cubin(file: str, name_expressions: list[str], arch: str, extra=()) -> _nvrtc.CompileResult:

@@ -113,13 +113,14 @@ def _impls(torch, op, M, N, dtype):
 
     xg, wg, bg = (t.detach().clone().requires_grad_(bwd) for t in (x, w, b))
 
-    def make(fn):
+    def make(fn, params=None):
         if not bwd:
             return lambda: fn(x, w, b)
+        wrt = (xg, *params) if params is not None else ((xg, wg) if rms else (xg, wg, bg))
 
         def step():
             y = fn(xg, wg, bg)
-            return torch.autograd.grad(y, (xg, wg) if rms else (xg, wg, bg), dy)
+            return torch.autograd.grad(y, wrt, dy)
         return step
 
     out["torch_eager"] = make(torch_fn)
@@ -133,12 +134,12 @@ def _impls(torch, op, M, N, dtype):
         if rms:
             mod = LigerRMSNorm(N, eps=eps).to(dev, dtype)
             mod.weight.data.copy_(w)
-            out["liger"] = make(lambda x_, w_, b_: mod(x_))
+            out["liger"] = make(lambda x_, w_, b_: mod(x_), [mod.weight])
         else:
             mod = LigerLayerNorm(N, eps=eps).to(dev, dtype)
             mod.weight.data.copy_(w)
             mod.bias.data.copy_(b)
-            out["liger"] = make(lambda x_, w_, b_: mod(x_))
+            out["liger"] = make(lambda x_, w_, b_: mod(x_), [mod.weight, mod.bias])
     except Exception:  # noqa: BLE001
         pass
     return out

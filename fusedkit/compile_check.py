@@ -5,13 +5,14 @@ and fails on any spill (stack frame or spill stores/loads).
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 
 from . import _jit
 from ._registry import all_expressions
 
-TARGETS = ("sm_80", "sm_90a", "sm_100a")
+TARGETS = tuple(os.environ.get("FUSEDKIT_COMPILE_TARGETS", "sm_80,sm_90a,sm_100a").split(","))
 _SPILL = re.compile(r"Function properties for (\S+)\s*\n\s*ptxas\s*\.\s*(\d+) bytes stack frame, "
                     r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'.*?Used (\d+) registers", re.S)

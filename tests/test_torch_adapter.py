@@ -195,7 +195,7 @@ def test_cuda_non_default_stream(dtype):
         y.backward(DY)
         y2, h = ft.rms_norm(X, W2, residual=R)
         (y2.float() * DY.float()).sum().backward()
-        outs = [t.float().cpu() for t in (y, X.grad, W.grad, B.grad, y2, h, R.grad, W2.grad)]
+        outs = [t.detach().float().cpu() for t in (y, X.grad, W.grad, B.grad, y2, h, R.grad, W2.grad)]
     s.synchronize()
     y, dx, dw, db, y2, h, dr, dw2 = outs
 

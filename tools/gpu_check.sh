@@ -49,15 +49,20 @@ if has bench; then
 fi
 if has asv; then
   ( [ -d .git ] || { git init -q && git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; }
-    cd asv_bench && timeout 300 python3 -m asv run --python=same --quick --show-stderr > "$OUT/asv.log" 2>&1
+    cd asv_bench && python3 -m asv machine --yes > "$OUT/asv.log" 2>&1
+    timeout 300 python3 -m asv run --python=same --quick --show-stderr >> "$OUT/asv.log" 2>&1
     echo "asv run rc=$?" >> "$OUT/asv.log"; python3 -m asv publish >> "$OUT/asv.log" 2>&1; echo "asv publish rc=$?" >> "$OUT/asv.log"
     tar czf "$OUT/asv_results.tgz" results html 2>/dev/null )
 fi
 
+# at most 8 files come back: logs in one archive, the results JSON and chart at the top
+( cd "$OUT" && mv results/*.json results/*.png . 2>/dev/null; rmdir results 2>/dev/null
+  tar czf logs.tgz --remove-files $(ls *.log *.xml *.txt sweep.json 2>/dev/null) 2>/dev/null; rm -rf /tmp/fk_logs; mkdir -p /tmp/fk_logs; tar xzf logs.tgz -C /tmp/fk_logs )
 echo "================ summary ================"
-cat "$OUT/jit.txt" 2>/dev/null
-tail -n 3 "$OUT/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" 2>/dev/null | head -20
-for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_norms" "$OUT/$t.log" 2>/dev/null | tail -3; done
-grep BEST "$OUT/sweep.log" 2>/dev/null; tail -n 2 "$OUT/sweep.log" 2>/dev/null
-grep -E "rc=" "$OUT/asv.log" 2>/dev/null
-cat "$OUT/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
+L=/tmp/fk_logs
+cat "$L/jit.txt" 2>/dev/null
+tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
+for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_norms" "$L/$t.log" 2>/dev/null | tail -3; done
+grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
+grep -E "rc=" "$L/asv.log" 2>/dev/null
+cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80

@@ -3,8 +3,10 @@
 Inputs are torch CUDA tensors (bfloat16) when torch sees a GPU, else CuPy arrays (float16, float32;
 CuPy has no bfloat16). Parameter combinations the available framework cannot run, and every
 benchmark on a machine without a GPU, raise NotImplementedError in setup, which asv reports as
-skipped. Times come from CUDA events on the stream fusedkit launches on (median after warm-up);
-every problem is 2**27 elements (>= 256 MiB), far larger than L2, so no flush is needed.
+skipped. Times come from CUDA events on the stream fusedkit launches on: warm-up, L2 flushed
+before every repetition (outside the timed span), median. Every problem is 2**27 elements
+(>= 256 MiB); GB/s use the byte models of fusedkit._registry (4MN forward, 10MN forward+backward
+for 2-byte dtypes) and the copy counts its bytes read + written.
 """
 import statistics
 
@@ -17,6 +19,7 @@ DTYPES = ["bfloat16", "float16", "float32"]
 ELEMENTS = 2**27
 COPY_BYTES = 2**30
 WARMUP, REPEATS = 3, 20
+FLUSH_BYTES = 2**28  # more than any GPU's L2
 
 
 class _Torch:
@@ -39,6 +42,9 @@ class _Torch:
 
     def copy(self, dst, src):
         dst.copy_(src)
+
+    def zero(self, buf):
+        buf.zero_()
 
     def elapsed_ms(self, fn):
         start, end = self.t.cuda.Event(enable_timing=True), self.t.cuda.Event(enable_timing=True)
@@ -73,6 +79,9 @@ class _CuPy:
     def copy(self, dst, src):
         self.cp.copyto(dst, src)
 
+    def zero(self, buf):
+        buf.fill(0)
+
     def elapsed_ms(self, fn):
         start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
         start.record()
@@ -96,7 +105,11 @@ def _framework(dtype):
 def _median_ms(fw, fn):
     for _ in range(WARMUP):
         fn()
-    return statistics.median(fw.elapsed_ms(fn) for _ in range(REPEATS))
+    flush, times = fw.bytes_buffer(FLUSH_BYTES), []
+    for _ in range(REPEATS):
+        fw.zero(flush)
+        times.append(fw.elapsed_ms(fn))
+    return statistics.median(times)
 
 
 def _calls(op, x, w, b, dy):

@@ -18,11 +18,15 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Streaming load for data read exactly once (do not keep it in L1).
+// Streaming load for data read exactly once (ld.global.cs: evict first). FK_STREAM_LOADS=0 makes it a
+// plain load (an experiment switch: FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_LOADS=0).
+#ifndef FK_STREAM_LOADS
+#define FK_STREAM_LOADS 1
+#endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
   Vec<T, N> r;
-  if constexpr (sizeof(Vec<T, N>) == 16) {
+  if constexpr (FK_STREAM_LOADS && sizeof(Vec<T, N>) == 16) {
     uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
     r = *reinterpret_cast<Vec<T, N>*>(&u);
   } else {

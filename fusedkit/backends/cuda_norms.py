@@ -20,8 +20,14 @@ MAX_ITEMS_BWD = 4
 MAX_WARPS_FWD = 16  # 1024 threads cap registers at 64: the double-buffered row would spill
 MAX_WARPS_BWD = 16  # dweight/dbias accumulators live in registers: 512 threads keep 128 regs/thread
 
-# Tuned (items, warps) per (N, itemsize, direction), from benchmarks/results (see docs/perf_notes.md).
-TUNED: dict = {}
+# Tuned (items, warps) per (N, itemsize, direction), the winners of tools/sweep_norms.py on the H200
+# (benchmarks/results/sweep_*.json, bf16); other shapes use the rule in _rows_config.
+TUNED: dict = {
+    (1024, 2, "fwd"): (1, 4), (1024, 2, "bwd"): (2, 2),
+    (4096, 2, "fwd"): (2, 8), (4096, 2, "bwd"): (2, 8),
+    (8192, 2, "fwd"): (2, 16), (8192, 2, "bwd"): (2, 16),
+    (16384, 2, "fwd"): (4, 16), (16384, 2, "bwd"): (4, 16),
+}
 
 
 def vec_width(N: int, itemsize: int) -> int:
@@ -32,6 +38,8 @@ def vec_width(N: int, itemsize: int) -> int:
 
 
 def _rows_config(N, itemsize, max_items, max_warps, direction):
+    """Fewest warps per row that keep at most 2 vectors per thread (the sweeps in benchmarks/results
+    favour more threads with less register state); at max_warps, up to max_items vectors."""
     vec = vec_width(N, itemsize)
     t = TUNED.get((N, itemsize, direction))
     if t is not None:
@@ -41,7 +49,7 @@ def _rows_config(N, itemsize, max_items, max_warps, direction):
         if warps > max_warps:
             break
         items = -(-nv // (32 * warps))
-        if items <= max_items:
+        if items <= 2 or (warps == max_warps and items <= max_items):
             return ("rows", vec, items, warps)
     return ("looped", vec)
 
