@@ -48,7 +48,7 @@ def main():
     readme = os.path.join(ROOT, "README.md")
     text = open(readme).read()
     block = table(newest_gpu_result())
-    text = re.sub(r"(<!-- PERF:BEGIN -->\n).*?(\n<!-- PERF:END -->)", lambda m: m.group(1) + block + m.group(2),
+    text = re.sub(r"(<!-- PERF:BEGIN -->\n).*?(<!-- PERF:END -->)", lambda m: m.group(1) + block + "\n" + m.group(2),
                   text, flags=re.S)
     open(readme, "w").write(text)
     print(block)

@@ -18,10 +18,11 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Streaming load for data read exactly once (ld.global.cs: evict first). FK_STREAM_LOADS=0 makes it a
-// plain load (an experiment switch: FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_LOADS=0).
+// Load of data read exactly once. FK_STREAM_LOADS=1 makes it ld.global.cs (evict first); measured on
+// the H200 (benchmarks/results/sweep_*_nocs.json) plain loads are 8-16% faster for the norms, so the
+// default is 0. Switch for experiments: FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_LOADS=1.
 #ifndef FK_STREAM_LOADS
-#define FK_STREAM_LOADS 1
+#define FK_STREAM_LOADS 0
 #endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
