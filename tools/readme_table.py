@@ -14,6 +14,7 @@ PEERS = ("torch_eager", "torch_compile", "liger")
 def newest_gpu_result():
     files = [f for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json"))
              if not os.path.basename(f).startswith(("sweep_", "cpu"))]
+    files = [f for f in files if "experiment" not in json.load(open(f))]  # experiments are not the code
     return max(files, key=lambda f: json.load(open(f))["date"])
 
 

@@ -18,11 +18,13 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// Load of data read exactly once. FK_STREAM_LOADS=1 makes it ld.global.cs (evict first); measured on
-// the H200 (benchmarks/results/sweep_*_nocs.json) plain loads are 8-16% faster for the norms, so the
-// default is 0. Switch for experiments: FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_LOADS=1.
+// Load of data read exactly once: ld.global.cs (evict first) when FK_STREAM_LOADS=1 (default), else a
+// plain load. Measured on the H200 (benchmarks/results/*_plainloads.json, sweep_*_nocs.json) plain
+// loads are 8-16% faster, but with them ptxas (NVRTC 13.5) spills 4-24 bytes in several norm kernels
+// under their occupancy-driven register caps; switching needs __launch_bounds__(T, 1) and a new
+// measurement. Experiment: FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_LOADS=0.
 #ifndef FK_STREAM_LOADS
-#define FK_STREAM_LOADS 0
+#define FK_STREAM_LOADS 1
 #endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
