@@ -1,0 +1,41 @@
+"""FP8Tensor: FP8 bytes plus what is needed to read them back."""
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import FP8Format, as_format
+
+
+class FP8Tensor:
+    """uint8 ``data`` in the logical shape, ``scale_inv`` (per tensor, per MXFP8 block as E8M0 bytes, or
+    per 2-D block as fp32), the format, the input's ``amax``, the scaling mode and an optional
+    transposed copy (``data_t``, shape reversed in the last two dims)."""
+
+    __slots__ = ("data", "scale_inv", "fmt", "amax", "mode", "block", "data_t")
+
+    def __init__(self, data, scale_inv, fmt, amax=None, mode="tensor", block=None, data_t=None):
+        self.data = data
+        self.scale_inv = scale_inv
+        self.fmt: FP8Format = as_format(fmt)
+        self.amax = amax
+        self.mode = mode            # "tensor" | "mxfp8" | "block"
+        self.block = block
+        self.data_t = data_t
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    def dequantize(self, dtype=np.float32):
+        from ..reference import fp8 as ref
+        if self.mode == "tensor":
+            return ref.dequantize(self.data, self.scale_inv, self.fmt, dtype)
+        if self.mode == "mxfp8":
+            return ref.mxfp8_dequantize(self.data, self.scale_inv, self.fmt, self.block or 32, dtype)
+        return ref.blockwise_dequantize(self.data, self.scale_inv, self.block, self.fmt, dtype)
+
+    def __repr__(self) -> str:
+        extra = f", block={self.block}" if self.block else ""
+        si = self.scale_inv if np.ndim(self.scale_inv) == 0 else f"<{np.shape(self.scale_inv)}>"
+        return (f"FP8Tensor(shape={self.shape}, fmt={self.fmt.name}, mode={self.mode}{extra}, "
+                f"scale_inv={si}, amax={self.amax}{', +transpose' if self.data_t is not None else ''})")
