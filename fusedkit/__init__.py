@@ -5,5 +5,7 @@ same type. NumPy arrays run on the CPU backend, which is also the GPUs' referenc
 """
 from ._version import __version__
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from .fp8.api import dequantize, quantize
 
-__all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"]
+__all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
+           "quantize", "dequantize"]

@@ -156,6 +156,20 @@ def empty(kind: str, like: DevArray, shape, dtype: str):
     raise AssertionError(kind)
 
 
+def full(kind: str, like: DevArray, shape, dtype: str, value: float):
+    """A new array filled with ``value`` (a fill kernel on the current stream) -> (obj, ptr)."""
+    if kind == TORCH:
+        import torch
+        t = torch.full(shape, value, dtype=getattr(torch, dtype), device=like.obj.device)
+        return t, t.data_ptr()
+    if kind == CUPY:
+        import cupy
+        with cupy.cuda.Device(like.device):
+            a = cupy.full(shape, value, dtype=dtype)
+        return a, a.data.ptr
+    raise AssertionError(kind)
+
+
 _ext_streams: dict = {}
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 from . import reference
 from ._dtypes import FLOAT_DTYPES
-from .backends import cuda_norms
+from .backends import cuda_fp8, cuda_norms
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ OPS = {
 }
 
 # name expressions per kernel file, for the compile-all check
-KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions}
+KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions, cuda_fp8.FILE: cuda_fp8.all_expressions}
 
 
 def all_expressions() -> dict[str, list[str]]:

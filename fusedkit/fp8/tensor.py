@@ -28,6 +28,8 @@ class FP8Tensor:
 
     def dequantize(self, dtype=np.float32):
         from ..reference import fp8 as ref
+        if not isinstance(self.data, np.ndarray):  # host torch / JAX bytes
+            self = FP8Tensor(np.asarray(self.data), self.scale_inv, self.fmt, self.amax, self.mode, self.block)
         if self.mode == "tensor":
             return ref.dequantize(self.data, self.scale_inv, self.fmt, dtype)
         if self.mode == "mxfp8":

@@ -1,0 +1,56 @@
+// fusedkit/cuda/common/fp8.cuh
+// fp32 -> FP8 (E4M3 "fn", E5M2) with round-to-nearest-even and saturation to the max finite value,
+// matching Transformer Engine (and fusedkit.reference.fp8): +-inf -> +-max, NaN -> NaN.
+// sm_89 and newer use the hardware conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32); older targets a
+// bit-exact software path (same results by construction; the GPU tests compare both with the CPU).
+#pragma once
+
+namespace fk {
+
+struct E4M3 {
+  static constexpr int MAN = 3, BIAS = 7;
+  static constexpr float MAX = 448.f;
+  static constexpr unsigned MAX_CODE = 0x7E, NAN_CODE = 0x7F;
+};
+struct E5M2 {
+  static constexpr int MAN = 2, BIAS = 15;
+  static constexpr float MAX = 57344.f;
+  static constexpr unsigned MAX_CODE = 0x7B, NAN_CODE = 0x7F;
+};
+
+// Software conversion: exact RNE from the float's own bits (rintf rounds to nearest even).
+template <typename F>
+__device__ __forceinline__ unsigned char fp8_from_float_sw(float f) {
+  const unsigned sign = (__float_as_uint(f) >> 24) & 0x80u;
+  const float a = fabsf(f);
+  if (a != a) return (unsigned char)(sign | F::NAN_CODE);
+  if (a >= F::MAX) return (unsigned char)(sign | F::MAX_CODE);
+  const int min_normal_exp = 1 - F::BIAS;
+  int e = (int)((__float_as_uint(a) >> 23) & 0xFF) - 127;
+  unsigned code;
+  if (e < min_normal_exp) {  // subnormal (or rounds up to the smallest normal: codes are contiguous)
+    code = (unsigned)rintf(ldexpf(a, F::MAN - min_normal_exp));
+  } else {
+    const float m = ldexpf(a, -e);                     // [1, 2)
+    unsigned q = (unsigned)rintf((m - 1.f) * (float)(1 << F::MAN));
+    if (q == (1u << F::MAN)) { q = 0; ++e; }
+    code = ((unsigned)(e + F::BIAS) << F::MAN) | q;
+  }
+  if (code > F::MAX_CODE) code = F::MAX_CODE;
+  return (unsigned char)(sign | code);
+}
+
+// Two values -> two FP8 bytes (lo in the low byte).
+template <typename F>
+__device__ __forceinline__ unsigned short fp8x2_from_float(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  if constexpr (F::MAN == 3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (unsigned short)(fp8_from_float_sw<F>(lo) | (fp8_from_float_sw<F>(hi) << 8));
+#endif
+}
+
+}  // namespace fk

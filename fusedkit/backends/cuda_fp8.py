@@ -1,0 +1,59 @@
+"""CUDA launches for FP8 quantization (kernels in cuda/fp8_cast.cu). Pointers in, no syncs."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _jit
+from .._dtypes import CXX, ITEMSIZE
+
+FILE = "fp8_cast.cu"
+FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
+THREADS = 256
+
+
+def vec_width(n: int, itemsize: int) -> int:
+    v = 16 // itemsize
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
+def quantize_expr(x_dt, fmt, vec, current) -> str:
+    return f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}>"
+
+
+def amax_expr(x_dt, vec) -> str:
+    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}>"
+
+
+@lru_cache(maxsize=None)
+def _grid_cap(device: int) -> int:
+    import cupy
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"] * 8
+
+
+def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fmt, current, eps, pow2,
+             device, stream):
+    """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
+    ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
+    vec = vec_width(n, ITEMSIZE[x_dt])
+    grid = (max(1, min(-(-(n // vec) // THREADS), _grid_cap(device))),)
+    if current:
+        k = _jit.get_kernel(FILE, amax_expr(x_dt, vec), device)
+        k.kernel(grid, (THREADS,), (x, amax_in, np.int64(n)), 0, stream)
+    k = _jit.get_kernel(FILE, quantize_expr(x_dt, fmt, vec, current), device)
+    k.kernel(grid, (THREADS,), (x, out, scale, amax_in, scale_out, scale_inv, amax_out, np.int64(n),
+                                np.float32(eps), np.int32(pow2)), 0, stream)
+
+
+def all_expressions():
+    exprs = set()
+    for x_dt in ("float32", "float16", "bfloat16"):
+        for vec in sorted({1, vec_width(1 << 20, ITEMSIZE[x_dt])}):
+            exprs.add(amax_expr(x_dt, vec))
+            for fmt in FMT_CXX:
+                for current in (False, True):
+                    exprs.add(quantize_expr(x_dt, fmt, vec, current))
+    return {FILE: sorted(exprs)}

@@ -1,0 +1,80 @@
+"""``fusedkit.quantize`` / ``fusedkit.dequantize`` (per-tensor scaling; issue 4 in progress).
+
+quantize(x, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor
+  * ``scale`` given (a float, or a 1-element fp32 array of x's framework, e.g. from an amax history):
+    the delayed-scaling cast ``sat(x * scale)``.
+  * otherwise current scaling (``recipe`` a CurrentScaling for epsilon / power-of-2 scales).
+  ``.data`` holds the FP8 bytes (uint8, x's shape), ``.scale_inv`` and ``.amax`` are fp32 (1-element
+  arrays on the device, fp32 scalars on the host).
+NumPy (and CPU torch/JAX) inputs use the CPU reference; CuPy and CUDA torch inputs the kernels of
+cuda/fp8_cast.cu, which are compiled and compile-checked but not yet validated on a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtypes, _interop
+from ..reference import fp8 as _ref
+from .formats import as_format
+from .recipes import CurrentScaling
+from .tensor import FP8Tensor
+
+_HOST = ("host", "torch_cpu", "jax_cpu", "dlpack")
+
+
+def quantize(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
+    """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling."""
+    f = as_format(fmt)
+    if recipe is not None and not isinstance(recipe, CurrentScaling):
+        raise TypeError("fusedkit.quantize: recipe must be a CurrentScaling here; for delayed scaling pass "
+                        "the scale from your amax history as `scale=`")
+    rec = recipe or CurrentScaling()
+    kind = _interop.framework(x)
+    x_dt = _dtypes.canonical(x.dtype)
+    if kind in _HOST:
+        xa = _interop.to_numpy(x, kind)
+        if scale is not None:
+            data, sinv, amax = _ref.quantize_delayed(xa, np.float32(np.asarray(scale).reshape(())), f)
+        else:
+            data, sinv, amax, _ = _ref.quantize_current(xa, f, rec.amax_epsilon, rec.power_of_2_scales)
+        return FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax)  # bytes in x's framework
+    if kind == _interop.JAX:
+        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+    from ..backends import cuda_fp8
+
+    X = _interop.view(x, kind, "x")
+    data, dp = _interop.empty(kind, X, X.shape, "uint8")
+    sinv, sp = _interop.empty(kind, X, (1,), "float32")
+    amax, ap = _interop.full(kind, X, (1,), "float32", 0.0)  # kernels merge into it (atomicMax)
+    current = scale is None
+    if current:       # the amax pass fills `amax`, the cast derives the scale from it
+        _, scp = _interop.empty(kind, X, (1,), "float32")
+        ptrs = dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0)
+    elif hasattr(scale, "shape"):
+        if _interop.framework(scale) != kind:
+            raise TypeError(f"fusedkit.quantize: `scale` must be a {kind} array like x, or a float")
+        S = _interop.view(scale, kind, "scale")
+        if S.size != 1 or S.dtype != "float32":
+            raise ValueError("fusedkit.quantize: `scale` must be a float or a 1-element float32 array")
+        ptrs = dict(scale=S.ptr, amax_in=0, scale_out=0, amax_out=ap)
+    else:
+        _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
+        ptrs = dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
+    if X.size > 0:
+        cuda_fp8.quantize(X.ptr, dp, ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"],
+                          X.size, x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales),
+                          X.device, _interop.stream(kind, X.device))
+    return FP8Tensor(data, sinv, f, amax)
+
+
+def dequantize(t: FP8Tensor, dtype="float32"):
+    """FP8Tensor -> values in ``dtype`` (host tensors and CUDA torch tensors)."""
+    if isinstance(t.data, np.ndarray):
+        return t.dequantize(_dtypes.numpy_dtype(_dtypes.canonical(dtype)))
+    if type(t.data).__module__.split(".")[0] == "torch" and not t.data.is_cuda:
+        return _interop.from_numpy(t.dequantize(_dtypes.numpy_dtype(_dtypes.canonical(dtype))), "torch_cpu")
+    if type(t.data).__module__.split(".")[0] == "torch":
+        import torch
+        fp8 = torch.float8_e4m3fn if t.fmt.name == "e4m3" else torch.float8_e5m2
+        return (t.data.view(fp8).float() * t.scale_inv).to(getattr(torch, _dtypes.canonical(dtype)))
+    raise NotImplementedError("fusedkit.dequantize on CuPy arrays is not implemented yet (issue 4)")

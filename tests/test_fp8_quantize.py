@@ -1,0 +1,90 @@
+"""fusedkit.quantize on every backend: bytes, amax and scale_inv equal the CPU reference exactly
+(NaN inputs: both NaN, whatever the NaN's sign bit). The GPU cases are the kernels' acceptance test."""
+import zlib
+
+import numpy as np
+import pytest
+
+import fusedkit as fk
+from fusedkit import fp8
+from fusedkit.reference import fp8 as ref
+from _backends import backend_params, rand, skip_unsupported, to_backend, to_numpy
+
+F32 = np.float32
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def awkward(rng, shape, dtype, fmax):
+    """Random values spread over the format's range, plus beyond-max, +-inf, NaN, subnormals, zeros."""
+    x = rand(rng, shape, "float32", scale=fmax / 4)
+    flat = x.reshape(-1)
+    if flat.size >= 8:
+        flat[:8] = [fmax * 3, -fmax * 3, np.inf, -np.inf, np.nan, 2.0**-9, -(2.0**-10), 0.0]
+    with np.errstate(over="ignore"):
+        return x.astype(F32).astype(rand(rng, (1,), dtype).dtype)
+
+
+def same_bytes(got, want, fmt):
+    g, w = np.asarray(got, np.uint8), np.asarray(want, np.uint8)
+    gn, wn = np.isnan(ref.fp8_to_float(g, fmt)), np.isnan(ref.fp8_to_float(w, fmt))
+    np.testing.assert_array_equal(gn, wn)
+    np.testing.assert_array_equal(g[~gn], w[~wn])
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "torch_cpu", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", [(0, 16), (7,), (3, 781), (1151, 1024)], ids=str)
+def test_quantize_delayed_matches_reference(backend, dtype, fmt, shape):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("qd", backend, dtype, fmt, shape)
+    f = fp8.as_format(fmt)
+    x = awkward(rng, shape, dtype, f.max)
+    scale = F32(0.37)
+    t = fk.quantize(to_backend(x, backend), fmt=fmt, scale=float(scale))
+    data, sinv, amax = ref.quantize_delayed(x, scale, fmt)
+    same_bytes(to_numpy(t.data), data, fmt)
+    assert F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == sinv
+    assert F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0]) == amax
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_2_scales=True),
+                                    fp8.CurrentScaling(amax_epsilon=1e3)], ids=["plain", "pow2", "eps"])
+def test_quantize_current_matches_reference(backend, dtype, recipe):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("qc", backend, dtype, repr(recipe))
+    x = rand(rng, (257, 96), dtype, scale=3.0)
+    t = fk.quantize(to_backend(x, backend), fmt="e4m3", recipe=recipe)
+    data, sinv, amax, _ = ref.quantize_current(x, "e4m3", recipe.amax_epsilon, recipe.power_of_2_scales)
+    same_bytes(to_numpy(t.data), data, "e4m3")
+    assert F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == sinv
+    assert F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0]) == amax
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+def test_all_zero_tensor_current_scale_is_one(backend):
+    skip_unsupported(backend, "float32")
+    t = fk.quantize(to_backend(np.zeros((4, 64), F32), backend))
+    assert np.all(to_numpy(t.data) == 0)
+    assert F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == 1.0
+
+
+def test_bad_recipe_and_format():
+    x = np.ones((2, 8), F32)
+    with pytest.raises(TypeError, match="CurrentScaling"):
+        fk.quantize(x, recipe=fp8.DelayedScaling())
+    with pytest.raises(ValueError, match="e4m3"):
+        fk.quantize(x, fmt="int8")
+
+
+def test_dequantize_host():
+    x = rand(rng_for("dq"), (16, 32), "float32", scale=2.0)
+    t = fk.quantize(x)
+    back = fk.dequantize(t)
+    assert back.dtype == np.float32
+    assert np.linalg.norm(back - x) / np.linalg.norm(x) < 0.05
