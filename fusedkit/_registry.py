@@ -7,6 +7,7 @@ reference. The API, the tests, the benchmarks and the compile-all check read thi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from . import reference
@@ -47,11 +48,11 @@ OPS = {
                          lambda M, N, s: 3 * M * N * s, reference.layer_norm_backward),
     "layer_norm_fwdbwd": Op("layer_norm_fwdbwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwdbwd_bytes,
                             reference.layer_norm),
-    "rms_norm_fwd": Op("rms_norm_fwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwd_bytes,
+    "rms_norm_fwd": Op("rms_norm_fwd", cuda_norms.FILE, partial(cuda_norms.fwd_config, rms=True), _fwd_bytes,
                        reference.rms_norm),
-    "rms_norm_bwd": Op("rms_norm_bwd", cuda_norms.FILE, cuda_norms.bwd_config,
+    "rms_norm_bwd": Op("rms_norm_bwd", cuda_norms.FILE, partial(cuda_norms.bwd_config, rms=True),
                        lambda M, N, s: 3 * M * N * s, reference.rms_norm_backward),
-    "rms_norm_fwdbwd": Op("rms_norm_fwdbwd", cuda_norms.FILE, cuda_norms.fwd_config, _fwdbwd_bytes,
+    "rms_norm_fwdbwd": Op("rms_norm_fwdbwd", cuda_norms.FILE, partial(cuda_norms.fwd_config, rms=True), _fwdbwd_bytes,
                           reference.rms_norm),
 }
 

@@ -20,13 +20,18 @@ MAX_ITEMS_BWD = 4
 MAX_WARPS_FWD = 16  # 1024 threads cap registers at 64: the double-buffered row would spill
 MAX_WARPS_BWD = 16  # dweight/dbias accumulators live in registers: 512 threads keep 128 regs/thread
 
-# Tuned (items, warps) per (N, itemsize, direction), the winners of tools/sweep_norms.py on the H200
-# (benchmarks/results/sweep_*.json, bf16); other shapes use the rule in _rows_config.
+# Tuned (items, warps) per (op, N, itemsize, direction): the winners of tools/sweep_norms.py on the H200
+# for the shipped kernels (benchmarks/results/sweep_NVIDIA-H200_2026-12-02T1406Z.json, bf16). Other
+# shapes use the rule in _rows_config.
 TUNED: dict = {
-    (1024, 2, "fwd"): (1, 4), (1024, 2, "bwd"): (2, 2),
-    (4096, 2, "fwd"): (2, 8), (4096, 2, "bwd"): (2, 8),
-    (8192, 2, "fwd"): (2, 16), (8192, 2, "bwd"): (2, 16),
-    (16384, 2, "fwd"): (4, 16), (16384, 2, "bwd"): (4, 16),
+    ("ln", 1024, 2, "fwd"): (1, 4), ("ln", 4096, 2, "fwd"): (2, 8), ("ln", 8192, 2, "fwd"): (4, 8),
+    ("ln", 16384, 2, "fwd"): (4, 16),
+    ("ln", 1024, 2, "bwd"): (2, 2), ("ln", 4096, 2, "bwd"): (2, 8), ("ln", 8192, 2, "bwd"): (2, 16),
+    ("ln", 16384, 2, "bwd"): (4, 16),
+    ("rms", 1024, 2, "fwd"): (1, 4), ("rms", 4096, 2, "fwd"): (1, 16), ("rms", 8192, 2, "fwd"): (2, 16),
+    ("rms", 16384, 2, "fwd"): (4, 16),
+    ("rms", 1024, 2, "bwd"): (4, 1), ("rms", 4096, 2, "bwd"): (4, 4), ("rms", 8192, 2, "bwd"): (4, 8),
+    ("rms", 16384, 2, "bwd"): (4, 16),
 }
 
 
@@ -37,11 +42,11 @@ def vec_width(N: int, itemsize: int) -> int:
     return v
 
 
-def _rows_config(N, itemsize, max_items, max_warps, direction):
+def _rows_config(N, itemsize, max_items, max_warps, direction, rms):
     """Fewest warps per row that keep at most 2 vectors per thread (the sweeps in benchmarks/results
     favour more threads with less register state); at max_warps, up to max_items vectors."""
     vec = vec_width(N, itemsize)
-    t = TUNED.get((N, itemsize, direction))
+    t = TUNED.get(("rms" if rms else "ln", N, itemsize, direction))
     if t is not None:
         return ("rows", vec) + t
     nv = N // vec
@@ -54,12 +59,12 @@ def _rows_config(N, itemsize, max_items, max_warps, direction):
     return ("looped", vec)
 
 
-def fwd_config(N: int, itemsize: int):
-    return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd")
+def fwd_config(N: int, itemsize: int, rms: bool = False):
+    return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd", rms)
 
 
-def bwd_config(N: int, itemsize: int):
-    return _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd")
+def bwd_config(N: int, itemsize: int, rms: bool = False):
+    return _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms)
 
 
 def rows_per_block(warps: int) -> int:
@@ -138,7 +143,7 @@ _fwd_plans: dict = {}
 
 
 def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config):
-    cfg = config or fwd_config(N, ITEMSIZE[x_dt])
+    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms)
     expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: as many blocks as fit on the GPU at once
@@ -166,7 +171,7 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 
 
 def _bwd_plan(M, N, x_dt, w_dt, rms, device, config):
-    cfg = config or bwd_config(N, ITEMSIZE[x_dt])
+    cfg = config or bwd_config(N, ITEMSIZE[x_dt], rms)
     expr = bwd_expr(cfg, x_dt, w_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":
@@ -224,8 +229,8 @@ def all_expressions():
             exprs[FILE].add(colsum_expr(w_dt))
             for rms in (False, True):
                 for N in Ns:
-                    fc = fwd_config(N, ITEMSIZE[x_dt])
+                    fc = fwd_config(N, ITEMSIZE[x_dt], rms)
                     for o_dt in sorted({x_dt, "float32"}):
                         exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms))
-                    exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt]), x_dt, w_dt, rms))
+                    exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms), x_dt, w_dt, rms))
     return {f: sorted(e) for f, e in exprs.items()}
