@@ -30,7 +30,7 @@ def _check_same_framework(kind, named):
             continue
         k = framework(a)
         if k != kind and not (kind in _JAX_KINDS and k in _JAX_KINDS):
-            raise TypeError(f"fusedkit: `{name}` is a {framework(a)} array but `x` is {kind}; "
+            raise TypeError(f"fusedkit: `{name}` is a {k} array but `x` is {kind}; "
                             f"pass all arrays of one call from one framework and device")
 
 

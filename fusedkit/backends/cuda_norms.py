@@ -126,10 +126,6 @@ def _blocks_per_sm(kernel, expr, device, threads, smem) -> int:
     return n
 
 
-def _launch(kernel, grid, block, args, stream, smem=0):
-    kernel.kernel(grid, block, args, smem, stream)
-
-
 _logged: set = set()
 
 
@@ -170,7 +166,15 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
                      np.int32(zero_centered)), 0, stream)
 
 
-def _bwd_plan(M, N, x_dt, w_dt, rms, device, config):
+_bwd_plans: dict = {}
+
+
+def _bwd_plan(N, x_dt, w_dt, rms, device, config):
+    """Everything about a backward launch that does not depend on M (cached per shape and dtypes)."""
+    key = (N, x_dt, w_dt, rms, device, config)
+    plan = _bwd_plans.get(key)
+    if plan is not None:
+        return plan
     cfg = config or bwd_config(N, ITEMSIZE[x_dt], rms)
     expr = bwd_expr(cfg, x_dt, w_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
@@ -182,14 +186,21 @@ def _bwd_plan(M, N, x_dt, w_dt, rms, device, config):
     else:
         rpb, block, threads = 1, (512,), 512
     smem = bwd_smem_bytes(cfg, rms)
-    groups = max(1, -(-M // rpb))
-    nblocks = min(groups, _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem))
-    return cfg, expr, k, block, smem, nblocks, nblocks * rpb
+    fit = _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
+    colsum = _jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel
+    _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block)
+    plan = _bwd_plans[key] = (k.kernel, block, smem, rpb, fit, colsum)
+    return plan
+
+
+def _bwd_blocks(M, rpb, fit) -> int:
+    return min(max(1, -(-M // rpb)), fit)
 
 
 def bwd_partial_rows(M, N, x_dt, w_dt, rms, device, config=None) -> int:
     """P: backward scratch is one (P, N) fp32 buffer for dweight and one for dbias (LayerNorm)."""
-    return _bwd_plan(M, N, x_dt, w_dt, rms, device, config)[-1]
+    _, _, _, rpb, fit, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config)
+    return _bwd_blocks(M, rpb, fit) * rpb
 
 
 def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, rms, device, stream,
@@ -198,7 +209,9 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
 
     ``alloc_f32(n)`` returns (keep-alive object, pointer) of an n-element fp32 scratch buffer.
     """
-    cfg, expr, k, block, smem, nblocks, P = _bwd_plan(M, N, x_dt, w_dt, rms, device, config)
+    fn, block, smem, rpb, fit, colsum = _bwd_plan(N, x_dt, w_dt, rms, device, config)
+    nblocks = _bwd_blocks(M, rpb, fit)
+    P = nblocks * rpb
     keep = []
     dw_part = db_part = 0
     if dw:
@@ -207,15 +220,13 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     if db and not rms:
         o, db_part = alloc_f32(P * N)
         keep.append(o)
-    _log_config("norm_bwd", expr, (nblocks,), block)
     if M > 0:
-        _launch(k, (nblocks,), block, (dy, x, w, mean, rstd, dx, dw_part, db_part, np.int64(M),
-                                       np.int32(N), np.int32(zero_centered)), stream, smem)
+        fn((nblocks,), block, (dy, x, w, mean, rstd, dx, dw_part, db_part, np.int64(M), np.int32(N),
+                               np.int32(zero_centered)), smem, stream)
     rows = P if M > 0 else 0
-    cs = _jit.get_kernel(FILE, colsum_expr(w_dt), device)
     for part, out in ((dw_part, dw), (db_part, db)):
         if out:
-            _launch(cs, (-(-N // 32),), (32, 8), (part, np.int64(rows), np.int32(N), out), stream)
+            colsum((-(-N // 32),), (32, 8), (part, np.int64(rows), np.int32(N), out), 0, stream)
     return keep
 
 

@@ -28,13 +28,12 @@ class FP8Tensor:
 
     def dequantize(self, dtype=np.float32):
         from ..reference import fp8 as ref
-        if not isinstance(self.data, np.ndarray):  # host torch / JAX bytes
-            self = FP8Tensor(np.asarray(self.data), self.scale_inv, self.fmt, self.amax, self.mode, self.block)
+        data = np.asarray(self.data)  # host NumPy / torch / JAX bytes
         if self.mode == "tensor":
-            return ref.dequantize(self.data, self.scale_inv, self.fmt, dtype)
+            return ref.dequantize(data, self.scale_inv, self.fmt, dtype)
         if self.mode == "mxfp8":
-            return ref.mxfp8_dequantize(self.data, self.scale_inv, self.fmt, self.block or 32, dtype)
-        return ref.blockwise_dequantize(self.data, self.scale_inv, self.block, self.fmt, dtype)
+            return ref.mxfp8_dequantize(data, self.scale_inv, self.fmt, self.block or 32, dtype)
+        return ref.blockwise_dequantize(data, self.scale_inv, self.block, self.fmt, dtype)
 
     def __repr__(self) -> str:
         extra = f", block={self.block}" if self.block else ""
