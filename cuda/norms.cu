@@ -1,35 +1,43 @@
 // fusedkit/cuda/norms.cu -- LayerNorm and RMSNorm, forward and backward (one family: RMS = true drops
 // the mean and the bias).
 //
-// Forward, row kept in registers (norm_fwd, persistent, next row prefetched): a row of N elements is split into N / VEC vectors of
-// 16 bytes (VEC = 8 for bf16/fp16, 4 for fp32; VEC = 1 when N is odd). 32 * WARPS threads own one row;
-// thread t holds vectors t, t + T, ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so every load of the warp
-// is one coalesced 512-byte transaction. The row stays in registers as raw storage (4 registers per
-// vector whatever the dtype) and is converted to fp32 when used. LayerNorm takes the exact two-pass
-// statistics from registers: mean, then sum((x - mean)^2); each is one row_sum (shuffles, plus one
-// shared-memory round when WARPS > 1). Blocks are 128 threads or more: RPB = 4 / WARPS rows per block
-// when a row takes fewer than 4 warps.
+// Forward (norm_fwd): one group of rows per block, non-persistent grid. A row of N elements is split
+// into N / VEC vectors of 16 bytes (VEC = 8 for bf16/fp16, 4 for fp32; narrower when N or a pointer's
+// alignment demands, down to VEC = 1). 32 * WARPS threads own one row; thread t holds vectors t, t + T,
+// ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so every load of a warp is one coalesced 512-byte access.
+// Blocks are 128 threads or more: RPB = 4 / WARPS rows per block when a row takes fewer than 4 warps.
+// The row stays in registers as raw storage (one buffer, plain loads); load latency is hidden by the
+// many resident blocks. LayerNorm takes exact two-pass statistics from registers: mean, then
+// sum((x - mean)^2), each one row_sum (shuffles, plus one shared-memory round when WARPS > 1).
 // Bytes: read x (+ residual) and the weights (cached), write y (+ x + residual) and 8 bytes of
 // statistics per row: 4MN for 2-byte x and y.
 //
-// Forward, long rows (norm_fwd_looped): rows too long for registers (beyond 32 warps x 4 vectors).
+// Forward, long rows (norm_fwd_looped): rows too long for registers (beyond 16 warps x 8 vectors).
 // One row per block of 1024 threads: pass 1 reads the row for Welford statistics (Chan merges across
 // threads), pass 2 reads it again (mostly from L2) and writes y. 6MN bytes; correctness path.
 //
-// Backward (norm_bwd): persistent grid (a few blocks per SM); each block walks rows with the same
-// thread -> column mapping as the forward, so every thread accumulates dweight / dbias for its own
-// columns in fp32 registers across all the rows it sees, with no atomics. Per row: two sums
-// (sum g*dy*xhat, sum g*dy) in one row_sum2, then dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS).
-// At the end each (block, row slot) writes one fp32 partial row; column_sum adds the partials (fixed
-// order, so results are deterministic). Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials.
+// Backward: persistent grid; each block walks rows with the same thread -> column mapping as the
+// forward, so every thread accumulates dweight / dbias for its own columns in fp32 across all the rows
+// it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row_sum2, then
+// dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS). At the end each (block, row slot) writes one fp32
+// partial row; column_sum adds the partials (fixed order, so results are deterministic).
+//   norm_bwd_staged (sm_90): x and dy of the next groups of rows arrive by bulk copies into a ring of
+//     shared-memory stages (common/bulk.cuh) while the block works on the current one. The statistics
+//     of the next row are loaded one iteration ahead.
+//   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
+//   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
+// Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).
 // Long rows use norm_bwd_looped: one row at a time per block, the block's partial row kept in global
 // memory (read-modify-write, exclusive to the block): correct for any N, not bandwidth-optimal.
 //
 // Numerics: fp32 accumulation everywhere; rstd = rsqrt(var + eps); weights in fp32 or the input dtype,
-// g = w + 1 when zero_centered_gamma. Variants tried: see docs/perf_notes.rst.
+// g = w + 1 when zero_centered_gamma. Variants measured and dropped (docs/perf_notes.rst): persistent
+// forward with a register double buffer, a staged (bulk-copy) forward, a one-round Welford merge for
+// LayerNorm statistics, deeper staging rings.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
+#include "common/bulk.cuh"
 
 namespace fk {
 
@@ -65,11 +73,10 @@ __device__ __forceinline__ void load_beta(const W* b, int v, float (&beta)[VEC])
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Forward, row in registers, persistent grid: while a block normalizes one row it already has the
-// loads of its next row in flight (register double buffer), so memory never waits on the reductions.
+// Forward, row in registers.
 
 // Loads this thread's vectors of `row` (x, plus residual -> also stores h = x + residual).
-template <typename T, int VEC, int ITEMS, int T_ROW>
+template <typename T, int VEC, int ITEMS, int T_ROW, bool STREAM = true>
 __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
                                          const T* __restrict__ residual, T* __restrict__ sum_out,
                                          long long row, bool row_ok, int N) {
@@ -79,9 +86,11 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && v < nvec) {
-      raw[i] = load_vec_stream<T, VEC>(x + base + (long long)v * VEC);
+      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
-        const Vec<T, VEC> r = load_vec_stream<T, VEC>(residual + base + (long long)v * VEC);
+        const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
+                                     : load_vec<T, VEC>(residual + base + (long long)v * VEC);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(to_float(raw[i].v[j]) + to_float(r.v[j]));
         store_vec<T, VEC>(sum_out + base + (long long)v * VEC, raw[i]);
@@ -102,6 +111,8 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
+  // LayerNorm: exact two-pass statistics from registers (mean, then sum((x - mean)^2)). A one-round
+  // Chan/Welford merge across the row was measured 20-40% slower (sweep 1601Z): its merges are serial.
   float mean = 0.f;
   if constexpr (!RMS) {
     float s = 0.f;
@@ -144,31 +155,18 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   }
 }
 
-// Two register buffers in ping-pong (no copies between them, so the prefetched loads really stay in
-// flight while the other row is normalized).
+// One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
+// many resident blocks (one register buffer each) rather than by a prefetch inside a block.
 template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
-__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value)
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, 1)
 norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
-         const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
-         float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
-         int zero_centered) {
-  constexpr int RPB = RowsPerBlock<WARPS>::value;
-  constexpr int T_ROW = 32 * WARPS;
-  const long long stride = (long long)gridDim.x * RPB;
-  long long row = (long long)blockIdx.x * RPB + threadIdx.y;
-  Vec<T, VEC> a[ITEMS], c[ITEMS];
-  load_row<T, VEC, ITEMS, T_ROW>(a, x, residual, sum_out, row, row < M, N);
-  // row0 is uniform across the block, so every thread takes the same branches (barriers inside).
-  for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += 2 * stride, row += 2 * stride) {
-    const bool has_next = row0 + stride < M;
-    if (has_next) load_row<T, VEC, ITEMS, T_ROW>(c, x, residual, sum_out, row + stride, row + stride < M, N);
-    normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(a, w, b, y, mean_out, rstd_out, row, row < M, N, eps, zero_centered);
-    if (!has_next) break;
-    if (row0 + 2 * stride < M)
-      load_row<T, VEC, ITEMS, T_ROW>(a, x, residual, sum_out, row + 2 * stride, row + 2 * stride < M, N);
-    normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(c, w, b, y, mean_out, rstd_out, row + stride,
-                                                   row + stride < M, N, eps, zero_centered);
-  }
+                const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
+                float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
+                int zero_centered) {
+  const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
+  Vec<T, VEC> a[ITEMS];
+  load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
+  normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(a, w, b, y, mean_out, rstd_out, row, row < M, N, eps, zero_centered);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -234,6 +232,130 @@ norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W
 
 // ---------------------------------------------------------------------------------------------------
 // Backward, row in registers, persistent grid with per-thread dweight / dbias accumulators.
+
+// LayerNorm with 32+ columns per thread: dweight + dbias accumulators plus the row would exceed 128
+// registers and spill, so dbias accumulates in shared memory (RPB x N floats, dynamic; each thread
+// touches only its own columns, so no barriers). Python's bwd_smem_bytes mirrors this condition.
+template <int VEC, int ITEMS, bool RMS>
+struct DbiasInSmem {
+  static constexpr bool value = !RMS && ITEMS * VEC >= 32;
+};
+
+// Where a thread's dweight / dbias accumulators live: fp32 registers, or its own columns of a shared
+// memory row (DW_S / DB_S; each thread touches only its own columns, so no barriers).
+template <int VEC, int ITEMS, bool DW_S, bool DB_S>
+struct Accumulators {
+  float dw[ITEMS][VEC], db[ITEMS][VEC];
+  float* dw_s;  // this row slot's shared-memory row (DW_S), else unused
+  float* db_s;
+
+  template <int T_ROW>
+  __device__ __forceinline__ void zero(int nvec) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * T_ROW;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        dw[i][j] = db[i][j] = 0.f;
+        if (v < nvec) {
+          if constexpr (DW_S) dw_s[v * VEC + j] = 0.f;
+          if constexpr (DB_S) db_s[v * VEC + j] = 0.f;
+        }
+      }
+    }
+  }
+  // Adds d * xhat and d for vector i (columns v * VEC ...).
+  __device__ __forceinline__ void add(int i, int v, const float (&dxh)[VEC], const float (&d)[VEC], bool with_db) {
+    if constexpr (DW_S) {
+      Vec<float, VEC> t = *reinterpret_cast<Vec<float, VEC>*>(dw_s + v * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) t.v[j] += dxh[j];
+      *reinterpret_cast<Vec<float, VEC>*>(dw_s + v * VEC) = t;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dw[i][j] += dxh[j];
+    }
+    if (!with_db) return;
+    if constexpr (DB_S) {
+      Vec<float, VEC> t = *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) t.v[j] += d[j];
+      *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC) = t;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) db[i][j] += d[j];
+    }
+  }
+  // One fp32 partial row of dweight / dbias per (block, row slot) p; column_sum adds them.
+  template <int T_ROW>
+  __device__ __forceinline__ void write(float* __restrict__ dw_part, float* __restrict__ db_part, long long p,
+                                        int N) const {
+    const int nvec = N / VEC;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * T_ROW;
+      if (v < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const long long idx = p * N + v * VEC + j;
+          if (dw_part != nullptr) dw_part[idx] = DW_S ? dw_s[v * VEC + j] : dw[i][j];
+          if (db_part != nullptr) db_part[idx] = DB_S ? db_s[v * VEC + j] : db[i][j];
+        }
+      }
+    }
+  }
+};
+
+// One row of the backward from registers (xr = x, gr = dy): accumulates dweight / dbias, writes dx.
+// Every thread of the block calls it (row_sum2 holds barriers).
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
+__device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                             const W* __restrict__ w, float mean, float rstd, Acc& acc,
+                                             T* __restrict__ dx, long long row, bool row_ok, int N,
+                                             int zero_centered) {
+  constexpr int T_ROW = 32 * WARPS;
+  const int nvec = N / VEC;
+  float s_gdx = 0.f, s_gd = 0.f;  // sum g*dy*xhat, sum g*dy
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = threadIdx.x + i * T_ROW;
+    if (v < nvec) {
+      float g[VEC], d[VEC], dxh[VEC];
+      load_gamma<W, VEC>(w, v, zero_centered, g);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
+        d[j] = to_float(gr[i].v[j]);
+        const float gd = d[j] * g[j];
+        s_gdx += gd * xhat;
+        s_gd += gd;
+        dxh[j] = d[j] * xhat;
+      }
+      acc.add(i, v, dxh, d, !RMS);
+    }
+  }
+  const float inv_n = 1.f / (float)N;
+  const float2 s = row_sum2<WARPS>(s_gdx, s_gd);
+  const float c1 = s.x * inv_n, c2 = RMS ? 0.f : s.y * inv_n;
+  if (!row_ok) return;
+  const long long base = row * (long long)N;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = threadIdx.x + i * T_ROW;
+    if (v < nvec) {
+      float g[VEC];
+      load_gamma<W, VEC>(w, v, zero_centered, g);
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
+        out.v[j] = from_float<T>(rstd * (to_float(gr[i].v[j]) * g[j] - xhat * c1 - c2));
+      }
+      store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
+    }
+  }
+}
+
 template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value)
 norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
@@ -242,29 +364,11 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
          int zero_centered) {
   constexpr int RPB = RowsPerBlock<WARPS>::value;
   constexpr int T_ROW = 32 * WARPS;
-  // LayerNorm with 32+ columns per thread: dweight + dbias accumulators plus the row would exceed 128
-  // registers and spill, so dbias accumulates in shared memory (RPB x N floats, dynamic; each thread
-  // touches only its own columns, so no barriers). Python's bwd_smem_bytes mirrors this condition.
-  constexpr bool DB_SMEM = !RMS && ITEMS * VEC >= 32;
   extern __shared__ float dyn_smem[];
-  float* db_s = dyn_smem + threadIdx.y * N;
+  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  acc.db_s = dyn_smem + threadIdx.y * N;
   const int nvec = N / VEC;
-  const float inv_n = 1.f / (float)N;
-  float dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) dw_acc[i][j] = db_acc[i][j] = 0.f;
-  if constexpr (DB_SMEM) {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = threadIdx.x + i * T_ROW;
-      if (v < nvec)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) db_s[v * VEC + j] = 0.f;
-    }
-  }
-
+  acc.template zero<T_ROW>(nvec);
   for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += (long long)gridDim.x * RPB) {
     const long long row = row0 + threadIdx.y;
     const bool row_ok = row < M;
@@ -283,63 +387,97 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
     }
     const float mean = (RMS || !row_ok) ? 0.f : mean_in[row];
     const float rstd = row_ok ? rstd_in[row] : 0.f;
-    float s_gdx = 0.f, s_gd = 0.f;  // sum g*dy*xhat, sum g*dy
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = threadIdx.x + i * T_ROW;
-      if (v < nvec) {
-        float g[VEC];
-        load_gamma<W, VEC>(w, v, zero_centered, g);
-        Vec<float, VEC> dbs;
-        if constexpr (DB_SMEM) dbs = *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
-          const float d = to_float(gr[i].v[j]);
-          const float gd = d * g[j];
-          s_gdx += gd * xhat;
-          s_gd += gd;
-          dw_acc[i][j] += d * xhat;
-          if constexpr (DB_SMEM) dbs.v[j] += d;
-          else if constexpr (!RMS) db_acc[i][j] += d;
-        }
-        if constexpr (DB_SMEM) *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC) = dbs;
-      }
-    }
-    const float2 s = row_sum2<WARPS>(s_gdx, s_gd);
-    const float c1 = s.x * inv_n, c2 = RMS ? 0.f : s.y * inv_n;
-    if (row_ok) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int v = threadIdx.x + i * T_ROW;
-        if (v < nvec) {
-          float g[VEC];
-          load_gamma<W, VEC>(w, v, zero_centered, g);
-          Vec<T, VEC> out;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
-            out.v[j] = from_float<T>(rstd * (to_float(gr[i].v[j]) * g[j] - xhat * c1 - c2));
-          }
-          store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
-        }
-      }
-    }
+    backward_row<T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, dx, row, row_ok, N, zero_centered);
   }
-  // One partial row per (block, row slot).
-  const long long p = (long long)blockIdx.x * RPB + threadIdx.y;
+  acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Staged variants (sm_90): the same row math, with rows arriving through a ring of shared-memory stages
+// filled by bulk copies (common/bulk.cuh). A stage holds one group of RPB consecutive rows (one
+// contiguous copy per input). Persistent grid: block b takes groups b, b + grid, ...; `stages` groups
+// are in flight per block. Needs N * sizeof(T) and the input pointers 16-byte aligned (checked in
+// Python). Shared memory: stages x inputs x RPB x N x sizeof(T) (+ the dbias rows of DbiasInSmem).
+
+// Issues the bulk copies of the k-th group of this block into stage s = k % stages (producer only).
+template <typename T, int RPB>
+__device__ __forceinline__ void issue_group(const StageRing& ring, T* ring_base, const T* a, const T* b,
+                                            int k, int s, long long M, int N) {
+  const long long g = blockIdx.x + (long long)k * gridDim.x;
+  if (g * RPB >= M) return;
+  const long long r0 = g * RPB, group = (long long)RPB * N;
+  const unsigned bytes = (unsigned)((M - r0 < RPB ? M - r0 : RPB) * N * (long long)sizeof(T));
+  T* dst = ring_base + s * (b != nullptr ? 2 : 1) * group;
+  ring.expect(s, b != nullptr ? 2 * bytes : bytes);
+  bulk_load(dst, a + r0 * N, bytes, ring.bar(s));
+  if (b != nullptr) bulk_load(dst + group, b + r0 * N, bytes, ring.bar(s));
+}
+
+template <typename T, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void read_stage(Vec<T, VEC> (&raw)[ITEMS], const T* src, bool row_ok, int N) {
+  const int nvec = N / VEC;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
-    if (v < nvec) {
+    if (row_ok && v < nvec) {
+      raw[i] = *reinterpret_cast<const Vec<T, VEC>*>(src + v * VEC);
+    } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const long long idx = p * N + v * VEC + j;
-        if (dw_part != nullptr) dw_part[idx] = dw_acc[i][j];
-        if (!RMS && db_part != nullptr) db_part[idx] = DB_SMEM ? db_s[v * VEC + j] : db_acc[i][j];
-      }
+      for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
     }
   }
+}
+
+// (Blocks of <= 256 threads ask ptxas for two blocks per SM: without that hint ptxas 13.5 spills 4-8
+// bytes in some variants at 72-80 registers; with it, it allocates more and spills nothing.)
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, 32 * WARPS * RowsPerBlock<WARPS>::value <= 256 ? 2 : 1)
+norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
+                int zero_centered, int stages) {
+  constexpr int RPB = RowsPerBlock<WARPS>::value;
+  constexpr int T_ROW = 32 * WARPS;
+  __shared__ unsigned long long bars[kMaxStages];
+  extern __shared__ __align__(128) unsigned char staged_smem[];
+  T* ring_base = reinterpret_cast<T*>(staged_smem);
+  const long long ngroups = (M + RPB - 1) / RPB, group = (long long)RPB * N;
+  // Accumulators in registers (dbias rows after the ring when DbiasInSmem). Both in shared memory was
+  // measured 5-25% slower (sweep 1631Z).
+  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * group) + threadIdx.y * N;
+  const StageRing ring(bars, stages);
+  const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
+  const int nvec = N / VEC;
+  acc.template zero<T_ROW>(nvec);
+  if (producer) ring.init();
+  __syncthreads();
+  if (producer)
+    for (int k = 0; k < stages; ++k) issue_group<T, RPB>(ring, ring_base, x, dy, k, k, M, N);
+  // The statistics of the next group are loaded one iteration ahead (their latency is not hidden by
+  // the ring).
+  long long row = (long long)blockIdx.x * RPB + threadIdx.y;
+  float mean = (!RMS && row < M) ? mean_in[row] : 0.f, rstd = row < M ? rstd_in[row] : 0.f;
+  int s = 0;
+  unsigned phase = 0;
+  for (int k = 0; blockIdx.x + (long long)k * gridDim.x < ngroups; ++k, ring.next(s, phase)) {
+    const bool row_ok = row < M;
+    const long long next = row + (long long)gridDim.x * RPB;
+    const float next_mean = (!RMS && next < M) ? mean_in[next] : 0.f;
+    const float next_rstd = next < M ? rstd_in[next] : 0.f;
+    const T* xs = ring_base + s * 2 * group + threadIdx.y * (long long)N;
+    ring.wait(s, phase);
+    Vec<T, VEC> xr[ITEMS], gr[ITEMS];
+    read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
+    read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
+    __syncthreads();  // stage s is read by every thread: refill it
+    if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
+    backward_row<T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, dx, row, row_ok, N, zero_centered);
+    row = next;
+    mean = next_mean;
+    rstd = next_rstd;
+  }
+  acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
 }
 
 // ---------------------------------------------------------------------------------------------------

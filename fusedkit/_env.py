@@ -7,11 +7,14 @@ FUSEDKIT_CACHE_DIR  where compiled kernels (cubin + lowered names) are cached on
 FUSEDKIT_NVRTC      path of libnvrtc to use instead of the automatic search.
 FUSEDKIT_NVRTC_OPTIONS  extra NVRTC options (experiments, e.g. -DFK_STREAM_LOADS=0); in the cache key.
 FUSEDKIT_COMPILE_TARGETS  comma-separated targets of the compile-all check (default sm_80,sm_90a,sm_100a).
+FUSEDKIT_STAGED     1 (default) lets memory-bound kernels on sm_90+ stage rows through shared memory
+                    with bulk copies; 0 forces the register-only kernels (comparison, debugging).
 """
 import os
 import sys
 
 DEBUG = int(os.environ.get("FUSEDKIT_DEBUG", "0") or 0)
+STAGED = os.environ.get("FUSEDKIT_STAGED", "1") != "0"
 
 
 def cache_dir() -> str:

@@ -239,3 +239,77 @@ def test_cupy_stream_and_cache_across_calls():
         y = fk.rms_norm(cupy.asarray(x))
     s.synchronize()
     assert_close(y, ref64_forward(x, None, None, 1e-6, True)[0], "float16", "cupy side stream")
+
+
+@pytest.fixture(params=[True, False], ids=["staged", "registers"])
+def kernel_path(request, monkeypatch):
+    """Runs a GPU test on both forward/backward paths: staged (bulk copies through shared memory,
+    sm_90+) and register-only, by switching the dispatch and dropping the cached launch plans."""
+    from fusedkit.backends import cuda_norms as cn
+    ok = cn._staged_ok
+    monkeypatch.setattr(cn, "_staged_ok", (lambda device: ok(device)) if request.param else (lambda device: False))
+    monkeypatch.setattr(cn, "_fwd_plans", {})
+    monkeypatch.setattr(cn, "_bwd_plans", {})
+    return request.param
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1151, 1024), (7, 4096), (13, 8192), (5, 16384), (2, 3, 2048), (1, 32768)],
+                         ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_both_kernel_paths(kernel_path, shape, rms):
+    """Fresh inputs through both paths, forward with and without a residual, and the backward; row
+    counts that leave the last group of rows (and the last ring stage) partly empty."""
+    torch = pytest.importorskip("torch")
+    dtype = "bfloat16"
+    rng, x, w, b = _make("torch", dtype, shape, dtype, ("paths", kernel_path, shape, rms))
+    r = rand(rng, shape, dtype)
+    dy = rand(rng, shape, dtype)
+    X, W, B, R, DY = (to_backend(a, "torch") for a in (x, w, b, r, dy))
+    eps = 1e-5
+    if rms:
+        y, rstd = fk.rms_norm(X, W, eps=eps, return_stats=True)
+        dx, dw = fk.rms_norm_backward(DY, X, W, rstd)
+        y2, h2 = fk.rms_norm(X, W, eps=eps, residual=R)
+    else:
+        y, mean, rstd = fk.layer_norm(X, W, B, eps=eps, return_stats=True)
+        dx, dw, db = fk.layer_norm_backward(DY, X, W, mean, rstd)
+        y2, h2 = fk.layer_norm(X, W, B, eps=eps, residual=R)
+    torch.cuda.synchronize()
+    assert_close(y, ref64_forward(x, w, None if rms else b, eps, rms)[0], dtype, "y")
+    dx64, dw64, db64 = ref64_backward(dy, x, w, eps, rms)
+    assert_close(dx, dx64.reshape(shape), dtype, "dx")
+    assert_rel(dw, dw64, dtype, "dweight")
+    if not rms:
+        assert_rel(db, db64, dtype, "dbias")
+    h_want = (x.astype(np.float32) + r.astype(np.float32)).astype(x.dtype)
+    np.testing.assert_array_equal(to_numpy(h2), h_want)
+    assert_close(y2, ref64_forward(h_want, w, None if rms else b, eps, rms)[0], dtype, "y with residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda o: f"offset{o}")
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_misaligned_pointers(offset, rms):
+    """Contiguous views that start off a 16-byte boundary take narrower vectors, not a fault."""
+    torch = pytest.importorskip("torch")
+    M, N = 33, 4096
+    rng = rng_for("misaligned", offset, rms)
+    x = rand(rng, (M * N + offset,), "float16", loc=-2.3, scale=0.5)
+    dy = rand(rng, (M * N + offset,), "float16")
+    w = rand(rng, (N + offset,), "float16", loc=1.0, scale=0.3)
+    X, DY, W = (to_backend(a, "torch")[offset:] for a in (x, dy, w))
+    X, DY = X.view(M, N), DY.view(M, N)
+    x, dy, w = x[offset:].reshape(M, N), dy[offset:].reshape(M, N), w[offset:]
+    if rms:
+        y, rstd = fk.rms_norm(X, W, return_stats=True)
+        dx, dw = fk.rms_norm_backward(DY, X, W, rstd)
+        eps = 1e-6
+    else:
+        y, mean, rstd = fk.layer_norm(X, W, return_stats=True)
+        dx, dw, _ = fk.layer_norm_backward(DY, X, W, mean, rstd)
+        eps = 1e-5
+    assert_close(y, ref64_forward(x, w, None, eps, rms)[0], "float16", "y")
+    dx64, dw64, _ = ref64_backward(dy, x, w, eps, rms)
+    assert_close(dx, dx64, "float16", "dx")
+    assert_rel(dw, dw64, "float16", "dweight")

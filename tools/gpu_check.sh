@@ -2,6 +2,7 @@
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
 #   STAGES="test,sanitize,jit,sweep,bench,asv" bash tools/gpu_check.sh     (default: all but sweep)
+#   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
 STAGES=${STAGES:-test,sanitize,jit,bench,asv}
@@ -32,7 +33,7 @@ fi
 
 pids=()
 if has test; then
-  ( timeout 420 python3 -m pytest -q -p no:cacheprovider tests -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+  ( timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
 fi
 if has sanitize; then
@@ -43,7 +44,7 @@ if has sanitize; then
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 
-if has sweep; then timeout 300 python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
+if has sweep; then timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
 if has bench; then
   timeout 420 python3 -m fusedkit bench --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
 fi

@@ -1,9 +1,11 @@
-"""Sweep the norm kernels' launch configs (warps per row x vectors per thread) on the GPU.
+"""Sweep the norm kernels' launch configs on the GPU: register kernels (warps per row x vectors per
+thread) and staged kernels (the same x shared-memory ring depth).
 
-Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
-The winners go into fusedkit/backends/cuda_norms.py TUNED (see docs/perf_notes.rst).
+SWEEP_DIRS=bwd limits it to one direction. Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
+The winners go into fusedkit/backends/cuda_norms.py TUNED / TUNED_STAGED (see docs/perf_notes.rst).
 """
 import json
+import os
 import sys
 
 import torch
@@ -12,7 +14,26 @@ from fusedkit import _jit
 from fusedkit.backends import cuda_norms as cn
 from fusedkit.bench import GpuTimer, copy_gbps
 
-cupy_stream = None
+RING_BYTES = (16 << 10, 48 << 10)  # staged: ring bytes per block (deeper rings lost in sweep 1554Z)
+
+
+def candidates(N, direction):
+    """Register kernels (warps x vectors per thread) and staged kernels (x ring depth)."""
+    vec = cn.vec_width(N, 2)
+    nv = N // vec
+    out = []
+    for warps in (1, 2, 4, 8, 16, 32):
+        for items in (1, 2, 4, 8, 16):
+            if not (32 * warps * items >= nv > 32 * warps * items // 2) or warps > 16:
+                continue
+            if direction == "fwd":
+                out.append(("rows", vec, items, warps))
+            elif items <= 4:
+                out.append(("rows", vec, items, warps))
+                group = cn.rows_per_block(warps) * N * 2 * 2
+                for st in sorted({max(2, min(cn.MAX_STAGES, b // group)) for b in RING_BYTES}):
+                    out.append(("staged", vec, items, warps, st))
+    return out
 
 
 def main(out_path):
@@ -35,56 +56,50 @@ def main(out_path):
         vec = cn.vec_width(N, 2)
         nv = N // vec
         for rms in (False, True):
-            for direction in ("fwd", "bwd"):
+            for direction in os.environ.get("SWEEP_DIRS", "fwd,bwd").split(","):
                 best = None
-                for warps in (1, 2, 4, 8, 16, 32):
-                    for items in (1, 2, 4, 8):
-                        if not (32 * warps * items >= nv > 32 * warps * items // 2):
-                            continue
-                        if warps > 16 or (direction == "fwd" and items > 4):
-                            continue
-                        cfg = ("rows", vec, items, warps)
-                        try:
-                            if direction == "fwd":
-                                expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms)
+                for cfg in candidates(N, direction):
+                    try:
+                        if direction == "fwd":
+                            expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms)
 
-                                def fn():
-                                    cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
-                                               y.data_ptr(), 0, 0 if rms else mean.data_ptr(), rstd.data_ptr(),
-                                               M, N, "bfloat16", "bfloat16", "bfloat16", 1e-5, 0, rms, 0,
-                                               stream, config=cfg)
-                                nbytes = 4 * M * N
-                            else:
-                                expr = cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms)
+                            def fn():
+                                cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
+                                           y.data_ptr(), 0, 0 if rms else mean.data_ptr(), rstd.data_ptr(),
+                                           M, N, "bfloat16", "bfloat16", "bfloat16", 1e-5, 0, rms, 0,
+                                           stream, config=cfg)
+                            nbytes = 4 * M * N
+                        else:
+                            expr = cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms)
 
-                                def alloc(n):
-                                    t = torch.empty(n, device="cuda")
-                                    return t, t.data_ptr()
+                            def alloc(n):
+                                t = torch.empty(n, device="cuda")
+                                return t, t.data_ptr()
 
-                                def fn():
-                                    cn.backward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
-                                                rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                                                0 if rms else db.data_ptr(), M, N, "bfloat16", "bfloat16", 0,
-                                                rms, 0, stream, alloc, config=cfg)
-                                nbytes = 6 * M * N
-                            k = _jit.get_kernel(cn.FILE, expr, 0)
-                            ms = timer.ms(fn, rep=15, min_time_ms=50)
-                        except Exception as e:  # noqa: BLE001
-                            print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")
-                            continue
-                        gbps = nbytes / ms / 1e6
-                        r = {"N": N, "rms": rms, "dir": direction, "items": items, "warps": warps, "ms": ms,
-                             "GBps": gbps, "of_copy": gbps / copy, "regs": k.num_regs,
-                             "local_bytes": k.local_size_bytes}
-                        results.append(r)
-                        if best is None or ms < best["ms"]:
-                            best = r
-                        print(f"N={N:6d} {'rms' if rms else 'ln '} {direction} warps={warps:2d} items={items} "
-                              f"{ms:.4f} ms {gbps:6.0f} GB/s {gbps / copy:.3f} regs={k.num_regs} "
-                              f"local={k.local_size_bytes}", flush=True)
+                            def fn():
+                                cn.backward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
+                                            rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                                            0 if rms else db.data_ptr(), M, N, "bfloat16", "bfloat16", 0,
+                                            rms, 0, stream, alloc, config=cfg)
+                            nbytes = 6 * M * N
+                        k = _jit.get_kernel(cn.FILE, expr, 0)
+                        ms = timer.ms(fn, rep=10, min_time_ms=30)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")
+                        continue
+                    gbps = nbytes / ms / 1e6
+                    r = {"N": N, "rms": rms, "dir": direction, "cfg": list(cfg), "ms": ms,
+                         "GBps": gbps, "of_copy": gbps / copy, "regs": k.num_regs,
+                         "local_bytes": k.local_size_bytes}
+                    results.append(r)
+                    if best is None or ms < best["ms"]:
+                        best = r
+                    print(f"N={N:6d} {'rms' if rms else 'ln '} {direction} {str(cfg):28s} "
+                          f"{ms:.4f} ms {gbps:6.0f} GB/s {gbps / copy:.3f} regs={k.num_regs} "
+                          f"local={k.local_size_bytes}", flush=True)
                 if best:
-                    print(f"BEST N={N} {'rms' if rms else 'ln'} {direction}: warps={best['warps']} "
-                          f"items={best['items']} {best['of_copy']:.3f} of copy", flush=True)
+                    print(f"BEST N={N} {'rms' if rms else 'ln'} {direction}: {tuple(best['cfg'])} "
+                          f"{best['of_copy']:.3f} of copy", flush=True)
         del x, dy, y, dx
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:

@@ -1,9 +1,10 @@
 """CUDA launches for LayerNorm / RMSNorm (kernels in cuda/norms.cu).
 
 Launch configs are small tables, not formulas scattered around: ``fwd_config`` / ``bwd_config`` pick
-the vector width (16-byte accesses when N allows), the warps per row and the vectors per thread, so
-that a row of up to 32 warps x 4 vectors lives in registers; longer rows take the looped kernels.
-Grid sizes of the persistent backward come from the compiled kernel's occupancy.
+the kernel kind, the vector width (16-byte accesses when N and the pointers allow), the warps per row
+and the vectors per thread, so that a row lives in registers; longer rows take the looped kernels.
+Forward: one group of rows per block (non-persistent). Backward: persistent, staged through shared
+memory on sm_90 (bulk copies), with grid sizes from the compiled kernel's occupancy.
 """
 from __future__ import annotations
 
@@ -15,39 +16,66 @@ from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "norms.cu"
-MAX_ITEMS_FWD = 4   # vectors of 16 B per thread (4 registers each, raw, double-buffered); 8 spills
-MAX_ITEMS_BWD = 4
-MAX_WARPS_FWD = 16  # 1024 threads cap registers at 64: the double-buffered row would spill
-MAX_WARPS_BWD = 16  # dweight/dbias accumulators live in registers: 512 threads keep 128 regs/thread
+MAX_ITEMS_FWD = 8   # vectors of 16 B per thread (4 registers each, one buffer)
+MAX_ITEMS_BWD = 4   # x, dy and the fp32 dweight/dbias accumulators of those columns
+MAX_WARPS_FWD = 16
+MAX_WARPS_BWD = 16  # 512 threads keep 128 registers per thread
 
-# Tuned (items, warps) per (op, N, itemsize, direction): the winners of tools/sweep_norms.py on the H200
-# for the shipped kernels (benchmarks/results/sweep_NVIDIA-H200_2026-12-02T1406Z.json, bf16). Other
-# shapes use the rule in _rows_config.
+# Tuned (items, warps) per (op, N, itemsize, direction) for the register kernels: the winners of
+# tools/sweep_norms.py on the H200 (bf16; benchmarks/results/; backward
+# register fallback: sweep_*1406Z.json; forward: sweep_*1631Z.json). Other shapes use the rule in _rows_config.
 TUNED: dict = {
-    ("ln", 1024, 2, "fwd"): (1, 4), ("ln", 4096, 2, "fwd"): (2, 8), ("ln", 8192, 2, "fwd"): (4, 8),
+    ("ln", 1024, 2, "fwd"): (4, 1), ("ln", 4096, 2, "fwd"): (4, 4), ("ln", 8192, 2, "fwd"): (4, 8),
     ("ln", 16384, 2, "fwd"): (4, 16),
+    ("rms", 1024, 2, "fwd"): (2, 2), ("rms", 4096, 2, "fwd"): (2, 8), ("rms", 8192, 2, "fwd"): (4, 8),
+    ("rms", 16384, 2, "fwd"): (4, 16),
     ("ln", 1024, 2, "bwd"): (2, 2), ("ln", 4096, 2, "bwd"): (2, 8), ("ln", 8192, 2, "bwd"): (2, 16),
     ("ln", 16384, 2, "bwd"): (4, 16),
-    ("rms", 1024, 2, "fwd"): (1, 4), ("rms", 4096, 2, "fwd"): (1, 16), ("rms", 8192, 2, "fwd"): (2, 16),
-    ("rms", 16384, 2, "fwd"): (4, 16),
     ("rms", 1024, 2, "bwd"): (4, 1), ("rms", 4096, 2, "bwd"): (4, 4), ("rms", 8192, 2, "bwd"): (4, 8),
     ("rms", 16384, 2, "bwd"): (4, 16),
 }
 
+# The staged backward (sm_90: rows through a ring of shared-memory stages filled by bulk copies), tuned
+# (items, warps, stages) per (op, N, itemsize); used on sm_90 for every shape it applies to (rule in
+# _staged_config). A staged forward was measured too and lost to the register kernel at every swept
+# shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
+TUNED_STAGED: dict = {
+    ("ln", 1024, 2): (2, 2, 2), ("ln", 4096, 2): (2, 8, 2), ("ln", 8192, 2): (2, 16, 2),
+    ("ln", 16384, 2): (4, 16, 2),
+    ("rms", 1024, 2): (4, 1, 2), ("rms", 4096, 2): (2, 8, 2), ("rms", 8192, 2): (2, 16, 2),
+    ("rms", 16384, 2): (4, 16, 2),
+}
+STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
+MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
 
-def vec_width(N: int, itemsize: int) -> int:
-    v = 16 // itemsize
+
+def vec_width(N: int, itemsize: int, max_vec: int = 16) -> int:
+    """Elements per vector access: 16 bytes when N (and the pointers' alignment, max_vec elements)
+    allow, else the largest power of two that divides both."""
+    v = min(16 // itemsize, max_vec)
     while N % v:
         v //= 2
     return v
 
 
-def _rows_config(N, itemsize, max_items, max_warps, direction, rms):
+def align_elems(pairs) -> int:
+    """Largest power-of-two element count (at most 16) every (pointer, element size) pair is aligned
+    to; null pointers are ignored."""
+    a = 16
+    for ptr, size in pairs:
+        if ptr:
+            low = ptr & -ptr
+            while a > 1 and low < a * size:
+                a //= 2
+    return a
+
+
+def _rows_config(N, itemsize, max_items, max_warps, direction, rms, max_vec=16):
     """Fewest warps per row that keep at most 2 vectors per thread (the sweeps in benchmarks/results
     favour more threads with less register state); at max_warps, up to max_items vectors."""
-    vec = vec_width(N, itemsize)
+    vec = vec_width(N, itemsize, max_vec)
     t = TUNED.get(("rms" if rms else "ln", N, itemsize, direction))
-    if t is not None:
+    if t is not None and vec == vec_width(N, itemsize):
         return ("rows", vec) + t
     nv = N // vec
     for warps in (1, 2, 4, 8, 16, 32):
@@ -59,12 +87,36 @@ def _rows_config(N, itemsize, max_items, max_warps, direction, rms):
     return ("looped", vec)
 
 
-def fwd_config(N: int, itemsize: int, rms: bool = False):
-    return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd", rms)
+def _staged_config(N, itemsize, rms):
+    """The staged backward for the rows config, or None when rows are not 16-byte multiples or too long
+    for registers. Stages: as many as fit STAGE_BYTES_TARGET (2..MAX_STAGES)."""
+    vec = vec_width(N, itemsize)
+    if vec * itemsize != 16:
+        return None
+    t = TUNED_STAGED.get(("rms" if rms else "ln", N, itemsize))
+    if t is not None:
+        return ("staged", vec) + t
+    cfg = _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms)
+    if cfg[0] != "rows":
+        return None
+    _, _, items, warps = cfg
+    group_bytes = rows_per_block(warps) * N * itemsize * 2
+    stages = max(2, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
+    return ("staged", vec, items, warps, stages)
 
 
-def bwd_config(N: int, itemsize: int, rms: bool = False):
-    return _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms)
+def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
+    """Launch config of the forward: ("rows", vec, items, warps) or ("looped", vec). max_vec: the
+    pointers' alignment in elements (align_elems)."""
+    return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd", rms, max_vec)
+
+
+def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
+    """Launch config of the backward: ("staged", vec, items, warps, stages) when `staged` is allowed
+    (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items, warps) or ("looped",
+    vec)."""
+    cfg = _staged_config(N, itemsize, rms) if staged and max_vec >= 16 // itemsize else None
+    return cfg or _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms, max_vec)
 
 
 def rows_per_block(warps: int) -> int:
@@ -77,25 +129,29 @@ def _b(v: bool) -> str:
 
 def fwd_expr(cfg, x_dt, w_dt, o_dt, rms) -> str:
     if cfg[0] == "rows":
-        _, vec, items, warps = cfg
-        return f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+        vec, items, warps = cfg[1:4]
+        name = "norm_fwd"
+        return f"fk::{name}<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
 def bwd_expr(cfg, x_dt, w_dt, rms) -> str:
-    if cfg[0] == "rows":
-        _, vec, items, warps = cfg
-        return f"fk::norm_bwd<{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+    if cfg[0] in ("rows", "staged"):
+        vec, items, warps = cfg[1:4]
+        name = "norm_bwd" if cfg[0] == "rows" else "norm_bwd_staged"
+        return f"fk::{name}<{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def bwd_smem_bytes(cfg, rms: bool) -> int:
-    """Dynamic shared memory of norm_bwd: dbias accumulators when a thread owns 32+ columns
-    (mirrors DB_SMEM in cuda/norms.cu)."""
-    if cfg[0] != "rows" or rms:
+def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
+    """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu).
+    The staged ring (x and dy), then the dbias rows when a thread owns 32+ columns (DbiasInSmem)."""
+    if cfg[0] == "looped":
         return 0
-    _, vec, items, warps = cfg
-    return rows_per_block(warps) * items * vec * 32 * warps * 4 if items * vec >= 32 else 0
+    vec, items, warps = cfg[1:4]
+    rpb = rows_per_block(warps)
+    ring = cfg[4] * 2 * rpb * N * itemsize if cfg[0] == "staged" else 0
+    return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
 
 def colsum_expr(w_dt) -> str:
@@ -116,7 +172,7 @@ def _blocks_per_sm(kernel, expr, device, threads, smem) -> int:
     n = _occ.get(key)
     if n is None:
         import cupy
-        if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+        if smem > 32 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
             kernel.max_dynamic_shared_size_bytes = smem
         n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
         if n < 1:
@@ -129,67 +185,78 @@ def _blocks_per_sm(kernel, expr, device, threads, smem) -> int:
 _logged: set = set()
 
 
-def _log_config(op, expr, grid, block):
+def _log_config(op, expr, grid, block, smem=0):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
-        _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
+        _env.debug(1, f"{op}: {expr} grid={grid} block={block} smem={smem}")
 
 
 _fwd_plans: dict = {}
 
 
-def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config):
-    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms)
+@lru_cache(maxsize=None)
+def _staged_ok(device: int) -> bool:
+    """Bulk copies (cp.async.bulk) exist from compute capability 9.0 (FUSEDKIT_STAGED=0 turns them off)."""
+    import cupy
+    return _env.STAGED and cupy.cuda.Device(device).compute_capability >= "90"
+
+
+def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec):
+    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
     expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":  # persistent: as many blocks as fit on the GPU at once
+    if cfg[0] == "rows":  # one group of rows per block
         warps = cfg[3]
-        rpb = rows_per_block(warps)
-        block = (32 * warps, rpb)
-        fit = _sm_count(device) * _blocks_per_sm(k, expr, device, 32 * warps * rpb, 0)
-    else:
-        rpb, block, fit = 0, (1024,), 0
-    _log_config("norm_fwd", expr, f"min(rows/{rpb}, {fit})" if rpb else "rows", block)
-    return k.kernel, block, rpb, fit
+        rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
+    else:                 # looped: one row per block
+        rpb, block = 1, (1024,)
+    _log_config("norm_fwd", expr, f"rows/{rpb}", block)
+    return k.kernel, block, rpb
 
 
 def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero_centered, rms,
             device, stream, config=None):
     """Pointers in (0 = absent); writes y, optional x+res (hsum), mean, rstd."""
-    key = (N, x_dt, w_dt, o_dt, rms, device, config)
+    s, ws, os_ = ITEMSIZE[x_dt], ITEMSIZE[w_dt], ITEMSIZE[o_dt]
+    max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, os_), (w, ws), (b, ws)))
+    key = (N, x_dt, w_dt, o_dt, rms, device, config, max_vec)
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config)
-    fn, block, rpb, fit = plan
-    grid = (min(-(-M // rpb), fit),) if rpb else (M,)
-    fn(grid, block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N), np.float32(eps),
-                     np.int32(zero_centered)), 0, stream)
+        plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec)
+    fn, block, rpb = plan
+    if M > 0:
+        fn((-(-M // rpb),), block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N),
+                                    np.float32(eps), np.int32(zero_centered)), 0, stream)
 
 
 _bwd_plans: dict = {}
 
 
-def _bwd_plan(N, x_dt, w_dt, rms, device, config):
+def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16):
     """Everything about a backward launch that does not depend on M (cached per shape and dtypes)."""
-    key = (N, x_dt, w_dt, rms, device, config)
+    key = (N, x_dt, w_dt, rms, device, config, max_vec)
     plan = _bwd_plans.get(key)
     if plan is not None:
         return plan
-    cfg = config or bwd_config(N, ITEMSIZE[x_dt], rms)
+    itemsize = ITEMSIZE[x_dt]
+    cfg = config or bwd_config(N, itemsize, rms, _staged_ok(device), max_vec)
     expr = bwd_expr(cfg, x_dt, w_dt, rms)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":
+    extra = ()
+    if cfg[0] in ("rows", "staged"):
         warps = cfg[3]
         rpb = rows_per_block(warps)
         block = (32 * warps, rpb)
         threads = 32 * warps * rpb
+        if cfg[0] == "staged":
+            extra = (np.int32(cfg[4]),)
     else:
         rpb, block, threads = 1, (512,), 512
-    smem = bwd_smem_bytes(cfg, rms)
+    smem = bwd_smem_bytes(cfg, rms, N, itemsize)
     fit = _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
     colsum = _jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel
-    _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block)
-    plan = _bwd_plans[key] = (k.kernel, block, smem, rpb, fit, colsum)
+    _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
+    plan = _bwd_plans[key] = (k.kernel, block, smem, rpb, fit, colsum, extra)
     return plan
 
 
@@ -198,9 +265,14 @@ def _bwd_blocks(M, rpb, fit) -> int:
 
 
 def bwd_partial_rows(M, N, x_dt, w_dt, rms, device, config=None) -> int:
-    """P: backward scratch is one (P, N) fp32 buffer for dweight and one for dbias (LayerNorm)."""
-    _, _, _, rpb, fit, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config)
-    return _bwd_blocks(M, rpb, fit) * rpb
+    """P: backward scratch is one (P, N) fp32 buffer for dweight and one for dbias (LayerNorm); the
+    larger of the aligned (staged) and unaligned plans, for callers that size it before the pointers
+    are known."""
+    p = 0
+    for max_vec in (16, 1):
+        _, _, _, rpb, fit, _, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec)
+        p = max(p, _bwd_blocks(M, rpb, fit) * rpb)
+    return p
 
 
 def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, rms, device, stream,
@@ -209,7 +281,9 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
 
     ``alloc_f32(n)`` returns (keep-alive object, pointer) of an n-element fp32 scratch buffer.
     """
-    fn, block, smem, rpb, fit, colsum = _bwd_plan(N, x_dt, w_dt, rms, device, config)
+    s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
+    max_vec = align_elems(((dy, s), (x, s), (dx, s), (w, ws)))
+    fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec)
     nblocks = _bwd_blocks(M, rpb, fit)
     P = nblocks * rpb
     keep = []
@@ -222,7 +296,7 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
         keep.append(o)
     if M > 0:
         fn((nblocks,), block, (dy, x, w, mean, rstd, dx, dw_part, db_part, np.int64(M), np.int32(N),
-                               np.int32(zero_centered)), smem, stream)
+                               np.int32(zero_centered)) + extra, smem, stream)
     rows = P if M > 0 else 0
     for part, out in ((dw_part, dw), (db_part, db)):
         if out:
@@ -243,5 +317,6 @@ def all_expressions():
                     fc = fwd_config(N, ITEMSIZE[x_dt], rms)
                     for o_dt in sorted({x_dt, "float32"}):
                         exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms))
-                    exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms), x_dt, w_dt, rms))
+                    for staged in (False, True):
+                        exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms))
     return {f: sorted(e) for f, e in exprs.items()}

@@ -60,10 +60,10 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
     else:
         _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
         ptrs = dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
-    if X.size > 0:
-        cuda_fp8.quantize(X.ptr, dp, ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"],
-                          X.size, x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales),
-                          X.device, _interop.stream(kind, X.device))
+    # launched for empty tensors too: block 0 writes scale_inv (and the current-scaling scale)
+    cuda_fp8.quantize(X.ptr, dp, ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"],
+                      X.size, x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales),
+                      X.device, _interop.stream(kind, X.device))
     return FP8Tensor(data, sinv, f, amax)
 
 
