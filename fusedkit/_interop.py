@@ -174,20 +174,28 @@ def full(kind: str, like: DevArray, shape, dtype: str, value: float):
     raise AssertionError(kind)
 
 
-_ext_streams: dict = {}
+def _torch_raw_stream():
+    """torch's current raw cudaStream_t for a device index, without building a Stream object (the
+    accessor inductor's generated code uses); falls back to the public API."""
+    import torch
+    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fn is None:
+        return lambda device: torch.cuda.current_stream(device).cuda_stream
+    return fn
 
 
-def stream(kind: str, device: int):
-    """The stream to launch on: the caller framework's current stream on ``device``."""
-    import cupy
+_raw_stream = None
+
+
+def stream(kind: str, device: int) -> int:
+    """The raw stream pointer to launch on: the caller framework's current stream on ``device``."""
+    global _raw_stream
     if kind == TORCH:
-        import torch
-        ptr = torch.cuda.current_stream(device).cuda_stream
-        s = _ext_streams.get((ptr, device))
-        if s is None:
-            s = _ext_streams[(ptr, device)] = cupy.cuda.ExternalStream(ptr, device)
-        return s
-    return cupy.cuda.get_current_stream(device)
+        if _raw_stream is None:
+            _raw_stream = _torch_raw_stream()
+        return _raw_stream(device)
+    import cupy
+    return cupy.cuda.get_current_stream(device).ptr
 
 
 def same_device(args: list[DevArray]) -> None:

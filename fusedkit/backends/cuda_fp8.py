@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 
 from .. import _jit
+from .._launch import Launcher, stream_ptr
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "fp8_cast.cu"
@@ -39,13 +39,23 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
     ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
     vec = vec_width(n, ITEMSIZE[x_dt])
-    grid = (max(1, min(-(-(n // vec) // THREADS), _grid_cap(device))),)
+    grid = max(1, min(-(-(n // vec) // THREADS), _grid_cap(device)))
+    sp = stream_ptr(stream)
     if current:
-        k = _jit.get_kernel(FILE, amax_expr(x_dt, vec), device)
-        k.kernel(grid, (THREADS,), (x, amax_in, np.int64(n)), 0, stream)
-    k = _jit.get_kernel(FILE, quantize_expr(x_dt, fmt, vec, current), device)
-    k.kernel(grid, (THREADS,), (x, out, scale, amax_in, scale_out, scale_inv, amax_out, np.int64(n),
-                                np.float32(eps), np.int32(pow2)), 0, stream)
+        _launcher(amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
+    _launcher(quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device)(
+        grid, (THREADS, 1), 0, sp, x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, eps, pow2)
+
+
+_launchers: dict = {}
+
+
+def _launcher(expr, codes, device) -> Launcher:
+    key = (expr, device)
+    fn = _launchers.get(key)
+    if fn is None:
+        fn = _launchers[key] = Launcher(_jit.get_kernel(FILE, expr, device).kernel, codes, device)
+    return fn
 
 
 def all_expressions():

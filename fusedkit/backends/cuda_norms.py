@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 
 from .. import _env, _jit
+from .._launch import Launcher, stream_ptr
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "norms.cu"
@@ -209,9 +209,9 @@ def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec):
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
     else:                 # looped: one row per block
-        rpb, block = 1, (1024,)
+        rpb, block = 1, (1024, 1)
     _log_config("norm_fwd", expr, f"rows/{rpb}", block)
-    return k.kernel, block, rpb
+    return Launcher(k.kernel, "ppppppppqifi", device), block, rpb
 
 
 def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero_centered, rms,
@@ -225,8 +225,8 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
         plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec)
     fn, block, rpb = plan
     if M > 0:
-        fn((-(-M // rpb),), block, (x, res, w, b, y, hsum, mean, rstd, np.int64(M), np.int32(N),
-                                    np.float32(eps), np.int32(zero_centered)), 0, stream)
+        fn(-(-M // rpb), block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, M, N, eps,
+           zero_centered)
 
 
 _bwd_plans: dict = {}
@@ -249,14 +249,15 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16):
         block = (32 * warps, rpb)
         threads = 32 * warps * rpb
         if cfg[0] == "staged":
-            extra = (np.int32(cfg[4]),)
+            extra = (cfg[4],)
     else:
-        rpb, block, threads = 1, (512,), 512
+        rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
     fit = _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
-    colsum = _jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel
+    colsum = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel, "pqip", device)
     _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
-    plan = _bwd_plans[key] = (k.kernel, block, smem, rpb, fit, colsum, extra)
+    fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
+    plan = _bwd_plans[key] = (fn, block, smem, rpb, fit, colsum, extra)
     return plan
 
 
@@ -294,13 +295,13 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     if db and not rms:
         o, db_part = alloc_f32(P * N)
         keep.append(o)
+    sp = stream_ptr(stream)
     if M > 0:
-        fn((nblocks,), block, (dy, x, w, mean, rstd, dx, dw_part, db_part, np.int64(M), np.int32(N),
-                               np.int32(zero_centered)) + extra, smem, stream)
+        fn(nblocks, block, smem, sp, dy, x, w, mean, rstd, dx, dw_part, db_part, M, N, zero_centered, *extra)
     rows = P if M > 0 else 0
     for part, out in ((dw_part, dw), (db_part, db)):
         if out:
-            colsum((-(-N // 32),), (32, 8), (part, np.int64(rows), np.int32(N), out), 0, stream)
+            colsum(-(-N // 32), (32, 8), 0, sp, part, rows, N, out)
     return keep
 
 
