@@ -11,7 +11,16 @@
 // Bytes: delayed 3MN for 2-byte input (read x, write bytes); current 5MN (x read twice).
 // Numerics: casts RNE with saturation (common/fp8.cuh), x * scale in fp32 without contraction, as the
 // CPU reference (fusedkit/reference/fp8.py) does.
-// Status: compiled by the compile-all check; not yet run on a GPU (see docs/fp8.rst).
+// fp8_cast_transpose<T, F, VEC, VT, CURRENT>: x viewed as 2-D (M x N) -> row-wise bytes (M x N) and
+// transposed bytes (N x M) in one pass, same scale, amax fused. One block of 256 threads per 64 x 64
+// tile: each thread loads two 16-byte vectors of the tile (VEC = 16 / sizeof(T) when N allows, else 1),
+// casts them, stores the row-wise bytes (VEC bytes per store) and parks them in a shared-memory tile;
+// after one barrier each thread gathers 8 bytes down a tile column and writes them as one 8-byte store
+// of the transposed output (VT = 8 when M % 8 == 0, else byte stores). Bytes: 2MN read + 2 x MN
+// written = 4MN for 2-byte input. Shared tile rows are padded by 8 bytes against bank conflicts.
+// Status: fp8_quantize and fp8_amax are byte-exact on the H200 (tests/test_fp8_quantize.py);
+// fp8_cast_transpose is compile-checked, its byte-exact GPU tests (tests/test_fp8_cast_transpose.py)
+// not yet run.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/fp8.cuh"
@@ -84,6 +93,74 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
       }
     }
     store_vec<unsigned char, VEC>(out + v * VEC, q);
+  }
+  if (amax_out != nullptr) block_amax_merge(m, amax_out);
+}
+
+constexpr int kCtTile = 64;
+constexpr int kCtThreads = 256;
+
+template <typename T, typename F, int VEC, int VT, bool CURRENT>
+__global__ void __launch_bounds__(kCtThreads)
+fp8_cast_transpose(const T* __restrict__ x, unsigned char* __restrict__ out,
+                   unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
+                   const float* __restrict__ amax_in, float* __restrict__ scale_out,
+                   float* __restrict__ scale_inv_out, float* __restrict__ amax_out, long long M, int N,
+                   float amax_epsilon, int pow2) {
+  __shared__ unsigned char tile[kCtTile][kCtTile + 8];
+  const float scale = CURRENT ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    scale_inv_out[0] = __fdiv_rn(1.f, scale);
+    if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
+  }
+  const long long r0 = (long long)blockIdx.y * kCtTile;
+  const int c0 = blockIdx.x * kCtTile;
+  constexpr int VPR = kCtTile / VEC;  // vectors per tile row
+  float m = 0.f;
+  // Phase 1: row-wise cast of the tile, bytes also parked in shared memory.
+  for (int idx = threadIdx.x; idx < kCtTile * VPR; idx += kCtThreads) {
+    const int tr = idx / VPR, tc = (idx % VPR) * VEC;
+    const long long r = r0 + tr;
+    const int c = c0 + tc;
+    if (r < M && c < N) {  // VEC > 1 implies N % VEC == 0: the vector is whole
+      const Vec<T, VEC> a = load_vec<T, VEC>(x + r * N + c);
+      Vec<unsigned char, VEC> q;
+      if constexpr (VEC == 1) {
+        const float f = to_float(a.v[0]);
+        m = fmaxf(m, fabsf(f));
+        q.v[0] = (unsigned char)(fp8x2_from_float<F>(__fmul_rn(f, scale), 0.f) & 0xFF);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j += 2) {
+          const float f0 = to_float(a.v[j]), f1 = to_float(a.v[j + 1]);
+          m = fmaxf(m, fmaxf(fabsf(f0), fabsf(f1)));
+          const unsigned short p = fp8x2_from_float<F>(__fmul_rn(f0, scale), __fmul_rn(f1, scale));
+          q.v[j] = (unsigned char)(p & 0xFF);
+          q.v[j + 1] = (unsigned char)(p >> 8);
+        }
+      }
+      store_vec<unsigned char, VEC>(out + r * N + c, q);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) tile[tr][tc + j] = q.v[j];
+    }
+  }
+  __syncthreads();
+  // Phase 2: transposed rows (tile columns), 8 bytes of consecutive input rows per thread.
+  constexpr int CHUNKS = kCtTile / 8;  // 8-byte chunks per transposed tile row
+  for (int idx = threadIdx.x; idx < kCtTile * CHUNKS; idx += kCtThreads) {
+    const int tc = idx / CHUNKS, tr = (idx % CHUNKS) * 8;
+    const int c = c0 + tc;
+    const long long r = r0 + tr;
+    if (c >= N || r >= M) continue;
+    unsigned char* dst = out_t + (long long)c * M + r;
+    if (VT == 8 && r + 8 <= M) {
+      Vec<unsigned char, 8> q;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q.v[j] = tile[tr + j][tc];
+      store_vec<unsigned char, 8>(dst, q);
+    } else {
+      for (int j = 0; j < 8 && r + j < M; ++j) dst[j] = tile[tr + j][tc];
+    }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);
 }

@@ -5,7 +5,7 @@ same type. NumPy arrays run on the CPU backend, which is also the GPUs' referenc
 """
 from ._version import __version__
 from .norms import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
-from .fp8.api import dequantize, quantize
+from .fp8.api import cast_transpose, dequantize, quantize
 
 __all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
-           "quantize", "dequantize"]
+           "quantize", "cast_transpose", "dequantize"]

@@ -43,8 +43,8 @@ class Launcher:
         self._rt = runtime
         self.device = device
 
-    def __call__(self, grid: int, block: tuple, smem: int, stream: int, *values) -> None:
-        """One launch of a 1-D grid of ``grid`` blocks; ``block`` = (x, y); ``stream`` a raw pointer.
+    def __call__(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
+        """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer.
 
         The driver launches in the thread's current context, so the kernel's device must be current
         with its primary context bound: a thread that has not touched CUDA yet (torch's autograd
@@ -68,9 +68,10 @@ class Launcher:
         self._launch_now(grid, block, smem, stream, values)
 
     def _launch_now(self, grid, block, smem, stream, values) -> None:
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         with self._lock:
             self._fmt.pack_into(self._buf, 0, *values)
-            self._launch(self._func, grid, 1, 1, block[0], block[1], 1, smem, stream, self._params_addr, 0)
+            self._launch(self._func, gx, gy, 1, block[0], block[1], 1, smem, stream, self._params_addr, 0)
 
 
 def stream_ptr(stream) -> int:

@@ -56,6 +56,28 @@ OPS = {
                           reference.rms_norm),
 }
 
+
+def _fp8_delayed_bytes(M, N, s):   # read x, write bytes (+ amax, scale_inv: negligible)
+    return M * N * (s + 1)
+
+
+def _fp8_current_bytes(M, N, s):   # amax pass reads x, the cast reads x again and writes bytes
+    return M * N * (2 * s + 1)
+
+
+def _fp8_cast_transpose_bytes(M, N, s):  # read x, write row-wise and transposed bytes
+    return M * N * (s + 2)
+
+
+OPS.update({
+    "fp8_quantize_delayed": Op("fp8_quantize_delayed", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_delayed_bytes,
+                               reference.fp8.quantize_delayed),
+    "fp8_quantize_current": Op("fp8_quantize_current", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_current_bytes,
+                               reference.fp8.quantize_current),
+    "fp8_cast_transpose": Op("fp8_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
+                             _fp8_cast_transpose_bytes, reference.fp8.quantize_delayed),
+})
+
 # name expressions per kernel file, for the compile-all check
 KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions, cuda_fp8.FILE: cuda_fp8.all_expressions}
 

@@ -24,6 +24,8 @@ from ._version import __version__
 
 GPU_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 1024)]
 OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
+FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
+FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose"]
 
 
 def _progress(total, desc):
@@ -145,6 +147,46 @@ def _impls(torch, op, M, N, dtype):
     return out
 
 
+def _fp8_impls(torch, op, M, N, dtype):
+    """FP8 E4M3 casts of bf16 x: fusedkit against torch eager / torch.compile doing the same math
+    (fp32 multiply, saturate, cast, amax; the transpose as a contiguous copy)."""
+    import fusedkit as fk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 100).to(dtype)
+    scale = torch.full((1,), 0.37, device="cuda")
+    fmax = 448.0
+    e4m3 = torch.float8_e4m3fn
+
+    if op == "fp8_quantize_delayed":
+        def ours():
+            return fk.quantize(x, fmt="e4m3", scale=scale)
+
+        def peer(x_, s_):
+            return (x_.float() * s_).clamp(-fmax, fmax).to(e4m3), x_.abs().amax().float(), 1.0 / s_
+    elif op == "fp8_quantize_current":
+        def ours():
+            return fk.quantize(x, fmt="e4m3")
+
+        def peer(x_, s_):
+            a = x_.abs().amax().float()
+            s = torch.where(a > 0, fmax / a, torch.ones_like(a))
+            return (x_.float() * s).clamp(-fmax, fmax).to(e4m3), a, 1.0 / s
+    else:
+        def ours():
+            return fk.cast_transpose(x, fmt="e4m3", scale=scale)
+
+        def peer(x_, s_):
+            q = (x_.float() * s_).clamp(-fmax, fmax).to(e4m3)
+            return q, q.t().contiguous(), x_.abs().amax().float(), 1.0 / s_
+    out = {"fusedkit": ours, "torch_eager": lambda: peer(x, scale)}
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+        out["torch_compile"] = lambda: compiled(x, scale)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    return out
+
+
 def run_gpu(args):
     import torch
     timer = GpuTimer(torch)
@@ -168,6 +210,19 @@ def run_gpu(args):
             torch.cuda.empty_cache()
             prog.update()
     prog.close()
+    if not args.quick:
+        for (M, N) in FP8_SHAPES:
+            for op in FP8_OPS:
+                nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
+                for impl, fn in _fp8_impls(torch, op, M, N, dtype).items():
+                    try:
+                        ms = timer.ms(fn)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                        continue
+                    rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
+                                 "GBps": nbytes / ms / 1e6, "TFLOPs": None})
+                torch.cuda.empty_cache()
     rows += overhead_rows(torch)
     return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
 

@@ -47,6 +47,31 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
         grid, (THREADS, 1), 0, sp, x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, eps, pow2)
 
 
+def cast_transpose_expr(x_dt, fmt, vec, vt, current) -> str:
+    return (f"fk::fp8_cast_transpose<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {vt}, "
+            f"{'true' if current else 'false'}>")
+
+
+CT_TILE = 64  # kCtTile in cuda/fp8_cast.cu
+
+
+def cast_transpose(x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, M, N, x_dt, fmt, current,
+                   eps, pow2, device, stream):
+    """x (M x N) -> out (M x N) and out_t (N x M) FP8 bytes; the scale arguments as in quantize."""
+    n = M * N
+    vec = vec_width(N, ITEMSIZE[x_dt])
+    vt = 8 if M % 8 == 0 else 1
+    sp = stream_ptr(stream)
+    if current:
+        avec = vec_width(n, ITEMSIZE[x_dt])
+        grid = max(1, min(-(-(n // avec) // THREADS), _grid_cap(device)))
+        _launcher(amax_expr(x_dt, avec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
+    fn = _launcher(cast_transpose_expr(x_dt, fmt, vec, vt, current), "ppppppppqifi", device)
+    gx, gy = max(1, -(-N // CT_TILE)), max(1, -(-M // CT_TILE))
+    fn((gx, gy), (THREADS, 1), 0, sp, x, out, out_t, scale, amax_in, scale_out, scale_inv,
+                amax_out, M, N, eps, pow2)
+
+
 _launchers: dict = {}
 
 
@@ -66,4 +91,6 @@ def all_expressions():
             for fmt in FMT_CXX:
                 for current in (False, True):
                     exprs.add(quantize_expr(x_dt, fmt, vec, current))
+                    for vt in (1, 8):
+                        exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
     return {FILE: sorted(exprs)}

@@ -1,13 +1,16 @@
-"""``fusedkit.quantize`` / ``fusedkit.dequantize`` (per-tensor scaling; issue 4 in progress).
+"""``fusedkit.quantize`` / ``fusedkit.cast_transpose`` / ``fusedkit.dequantize`` (per-tensor scaling).
 
-quantize(x, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor
+quantize(x, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor
   * ``scale`` given (a float, or a 1-element fp32 array of x's framework, e.g. from an amax history):
     the delayed-scaling cast ``sat(x * scale)``.
   * otherwise current scaling (``recipe`` a CurrentScaling for epsilon / power-of-2 scales).
   ``.data`` holds the FP8 bytes (uint8, x's shape), ``.scale_inv`` and ``.amax`` are fp32 (1-element
-  arrays on the device, fp32 scalars on the host).
+  arrays on the device, fp32 scalars on the host). With ``transpose=True`` (or ``cast_transpose``),
+  ``.data_t`` also holds the transposed bytes: x viewed as 2-D (M = product of the leading dims, N)
+  gives ``data_t`` of shape (N, M), written in the same pass (Transformer Engine's layout for the
+  weight-gradient GEMM).
 NumPy (and CPU torch/JAX) inputs use the CPU reference; CuPy and CUDA torch inputs the kernels of
-cuda/fp8_cast.cu, which are compiled and compile-checked but not yet validated on a GPU.
+cuda/fp8_cast.cu (quantize: byte-exact on the H200; cast-transpose: GPU tests pending).
 """
 from __future__ import annotations
 
@@ -22,8 +25,14 @@ from .tensor import FP8Tensor
 _HOST = ("host", "torch_cpu", "jax_cpu", "dlpack")
 
 
-def quantize(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
-    """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling."""
+def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
+    """``quantize(x, ..., transpose=True)``: row-wise and transposed FP8 bytes in one pass."""
+    return quantize(x, fmt=fmt, scale=scale, recipe=recipe, transpose=True)
+
+
+def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor:
+    """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling;
+    ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M))."""
     f = as_format(fmt)
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError("fusedkit.quantize: recipe must be a CurrentScaling here; for delayed scaling pass "
@@ -37,7 +46,8 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
             data, sinv, amax = _ref.quantize_delayed(xa, np.float32(np.asarray(scale).reshape(())), f)
         else:
             data, sinv, amax, _ = _ref.quantize_current(xa, f, rec.amax_epsilon, rec.power_of_2_scales)
-        return FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax)  # bytes in x's framework
+        data_t = _interop.from_numpy(_ref.transpose_2d(data), kind) if transpose else None
+        return FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=data_t)  # x's framework
     if kind == _interop.JAX:
         raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
     from ..backends import cuda_fp8
@@ -61,10 +71,17 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
         _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
         ptrs = dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
     # launched for empty tensors too: block 0 writes scale_inv (and the current-scaling scale)
-    cuda_fp8.quantize(X.ptr, dp, ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"],
-                      X.size, x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales),
-                      X.device, _interop.stream(kind, X.device))
-    return FP8Tensor(data, sinv, f, amax)
+    args = (ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"])
+    opts = (x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales), X.device,
+            _interop.stream(kind, X.device))
+    if not transpose:
+        cuda_fp8.quantize(X.ptr, dp, *args, X.size, *opts)
+        return FP8Tensor(data, sinv, f, amax)
+    N = X.shape[-1] if X.shape else 1
+    M = X.size // N if N else 0
+    data_t, dtp = _interop.empty(kind, X, (N, M), "uint8")
+    cuda_fp8.cast_transpose(X.ptr, dp, dtp, *args, M, N, *opts)
+    return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
 
 def dequantize(t: FP8Tensor, dtype="float32"):

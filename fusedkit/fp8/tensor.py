@@ -9,7 +9,7 @@ from .formats import FP8Format, as_format
 class FP8Tensor:
     """uint8 ``data`` in the logical shape, ``scale_inv`` (per tensor, per MXFP8 block as E8M0 bytes, or
     per 2-D block as fp32), the format, the input's ``amax``, the scaling mode and an optional
-    transposed copy (``data_t``, shape reversed in the last two dims)."""
+    transposed copy (``data_t``: the bytes viewed as 2-D (M, N), transposed to (N, M))."""
 
     __slots__ = ("data", "scale_inv", "fmt", "amax", "mode", "block", "data_t")
 

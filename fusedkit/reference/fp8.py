@@ -54,6 +54,14 @@ def quantize_current(x, fmt="e4m3", amax_epsilon=0.0, power_of_2_scales=False):
     return data, scale_inv, a, s
 
 
+def transpose_2d(data):
+    """The transposed copy of FP8 bytes: ``data`` viewed as 2-D (M = product of the leading dims, N)
+    -> (N, M), C-contiguous, as Transformer Engine's cast-transpose lays it out for the wgrad GEMM."""
+    d = np.asarray(data)
+    n = d.shape[-1] if d.ndim else 1
+    return np.ascontiguousarray(d.reshape(-1, n).T)
+
+
 def dequantize(data, scale_inv, fmt="e4m3", dtype=np.float32):
     return (fp8_to_float(data, fmt) * F32(scale_inv)).astype(dtype)
 
