@@ -18,9 +18,18 @@
 // after one barrier each thread gathers 8 bytes down a tile column and writes them as one 8-byte store
 // of the transposed output (VT = 8 when M % 8 == 0, else byte stores). Bytes: 2MN read + 2 x MN
 // written = 4MN for 2-byte input. Shared tile rows are padded by 8 bytes against bank conflicts.
+// fp8_quantize_blocks<T, F, BLOCK, VEC, MX>: block scaling along the last dim of x (rows of K): MXFP8
+// (BLOCK = 32, MX = true: E8M0 scale byte e + 127, e = ceil(log2(amax / fp8_max)) clamped to
+// [-127, 127], data = sat(x * 2^-e)) or 1 x 128 blocks (BLOCK = 128, MX = false: fp32 scale_inv,
+// scale = 2^floor(log2(fp8_max / amax)), 1 for an all-zero block, data = sat(x * scale)). Each thread
+// owns 8 consecutive elements of a row (one 16-byte vector for 2-byte input; VEC = 1 when K % 8 != 0),
+// BLOCK / 8 neighbouring lanes share one block and reduce its amax with shuffles; a partial block at
+// the end of a row counts only its real elements (as the zero-padded reference does). Rows are walked
+// warp by warp (grid-stride on whole warps, so the shuffles always see full warps). Bytes: 2MK read,
+// MK written, plus MK / BLOCK scales.
 // Status: fp8_quantize and fp8_amax are byte-exact on the H200 (tests/test_fp8_quantize.py);
-// fp8_cast_transpose is compile-checked, its byte-exact GPU tests (tests/test_fp8_cast_transpose.py)
-// not yet run.
+// fp8_cast_transpose and fp8_quantize_blocks are compile-checked; their byte-exact GPU tests
+// (tests/test_fp8_cast_transpose.py, tests/test_fp8_blocks.py) have not run yet.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/fp8.cuh"
@@ -95,6 +104,82 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
     store_vec<unsigned char, VEC>(out + v * VEC, q);
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);
+}
+
+// 2^-e as an fp32 (e in [-127, 127]; 2^-127... 2^127 exactly, 2^-127 subnormal).
+__device__ __forceinline__ float exp2_neg(int e) {
+  const int b = 127 - e;  // biased exponent of 2^-e
+  return b >= 1 ? __uint_as_float((unsigned)b << 23) : __uint_as_float(0x00400000u >> (-b));
+}
+
+// Smallest e with 2^e >= v (v > 0 normal fp32), from the bits.
+__device__ __forceinline__ int pow2_ceil_exponent(float v) {
+  const unsigned bits = __float_as_uint(v);
+  const int e = (int)((bits >> 23) & 0xFF) - 127;
+  return (bits & 0x7FFFFFu) ? e + 1 : e;
+}
+
+template <typename T, typename F, int BLOCK, int VEC, bool MX>
+__global__ void __launch_bounds__(256)
+fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, void* __restrict__ scales,
+                    long long M, int K) {
+  constexpr int LANES = BLOCK / 8;  // threads per block of BLOCK elements
+  const int lane = threadIdx.x & 31;
+  const int blocks_per_row = (K + BLOCK - 1) / BLOCK;
+  const long long chunks_per_row = (long long)blocks_per_row * LANES;
+  const long long total = M * chunks_per_row;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long t0 = (long long)blockIdx.x * blockDim.x + (threadIdx.x & ~31); t0 < total; t0 += stride) {
+    const long long t = t0 + lane;
+    const bool active = t < total;
+    const long long row = active ? t / chunks_per_row : 0;
+    const int chunk = active ? (int)(t - row * chunks_per_row) : 0;
+    const int col0 = chunk * 8;
+    float v[8];
+    if (VEC == 8 && active && col0 < K) {  // K % 8 == 0: the 8 elements are all in the row
+      const Vec<T, 8> a = load_vec<T, 8>(x + row * K + col0);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = to_float(a.v[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = (active && col0 + j < K) ? to_float(x[row * K + col0 + j]) : 0.f;
+    }
+    float am = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(v[j]));
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+    float mul;
+    if constexpr (MX) {
+      int e;
+      if (isinf(am)) e = 127;
+      else if (am > 0.f) e = pow2_ceil_exponent(fmaxf(__fdiv_rn(am, F::MAX), 1.17549435e-38f));
+      else e = -127;
+      e = max(-127, min(127, e));
+      mul = exp2_neg(e);
+      if (active && (chunk % LANES) == 0)
+        static_cast<unsigned char*>(scales)[row * blocks_per_row + chunk / LANES] = (unsigned char)(e + 127);
+    } else {
+      float q = am > 0.f ? __fdiv_rn(F::MAX, am) : 1.f;
+      if (isinf(q)) q = 3.402823466e38f;
+      mul = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
+      if (active && (chunk % LANES) == 0)
+        static_cast<float*>(scales)[row * blocks_per_row + chunk / LANES] = __fdiv_rn(1.f, mul);
+    }
+    if (!active || col0 >= K) continue;
+    Vec<unsigned char, 8> q8;
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      const unsigned short p = fp8x2_from_float<F>(__fmul_rn(v[j], mul), __fmul_rn(v[j + 1], mul));
+      q8.v[j] = (unsigned char)(p & 0xFF);
+      q8.v[j + 1] = (unsigned char)(p >> 8);
+    }
+    if (VEC == 8) {
+      store_vec<unsigned char, 8>(out + row * K + col0, q8);
+    } else {
+      for (int j = 0; j < 8 && col0 + j < K; ++j) out[row * K + col0 + j] = q8.v[j];
+    }
+  }
 }
 
 constexpr int kCtTile = 64;

@@ -9,6 +9,7 @@ from .._launch import Launcher, stream_ptr
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "fp8_cast.cu"
+SCALING_FILE = "fp8_scaling.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
 
@@ -72,6 +73,33 @@ def cast_transpose(x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out
                 amax_out, M, N, eps, pow2)
 
 
+def blocks_expr(x_dt, fmt, mx, vec) -> str:
+    return (f"fk::fp8_quantize_blocks<{CXX[x_dt]}, {FMT_CXX[fmt]}, {32 if mx else 128}, {vec}, "
+            f"{'true' if mx else 'false'}>")
+
+
+def quantize_blocks(x, out, scales, M, K, x_dt, fmt, mx, device, stream):
+    """Block scaling along the last dim (MXFP8 when ``mx``, else 1 x 128): bytes and per-block scales."""
+    size = ITEMSIZE[x_dt]
+    vec = 8 if K % 8 == 0 and x % (8 * size) == 0 else 1
+    lanes = (32 if mx else 128) // 8
+    threads = M * -(-K // (32 if mx else 128)) * lanes
+    grid = max(1, min(-(-threads // THREADS), _grid_cap(device)))
+    _launcher(blocks_expr(x_dt, fmt, mx, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+                                                               x, out, scales, M, K)
+
+
+def update_scales(history, scale, scale_inv, L, n, fp8_max, margin, most_recent, device, stream):
+    """Delayed-scaling update of n tensors' (L x n) amax history, scale and scale_inv, in place."""
+    key = ("fk::fp8_update_scales", device)
+    fn = _launchers.get(key)
+    if fn is None:
+        fn = _launchers[key] = Launcher(_jit.get_kernel(SCALING_FILE, key[0], device).kernel, "pppiiffi",
+                                        device)
+    fn(max(1, -(-n // THREADS)), (THREADS, 1), 0, stream_ptr(stream), history, scale, scale_inv, L, n,
+       fp8_max, 2.0 ** margin, int(most_recent))
+
+
 _launchers: dict = {}
 
 
@@ -93,4 +121,8 @@ def all_expressions():
                     exprs.add(quantize_expr(x_dt, fmt, vec, current))
                     for vt in (1, 8):
                         exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
-    return {FILE: sorted(exprs)}
+        for fmt in FMT_CXX:
+            for mx in (False, True):
+                for bvec in (1, 8):
+                    exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
+    return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"]}

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _dtypes, _interop
 from ..reference import fp8 as _ref
 from .formats import as_format
-from .recipes import CurrentScaling
+from .recipes import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, delayed_scale, update_amax_history
 from .tensor import FP8Tensor
 
 _HOST = ("host", "torch_cpu", "jax_cpu", "dlpack")
@@ -34,9 +34,13 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8T
     """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling;
     ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M))."""
     f = as_format(fmt)
+    if isinstance(recipe, (MXFP8Scaling, BlockScaling)):
+        if scale is not None or transpose:
+            raise ValueError("fusedkit.quantize: block-scaled recipes take no `scale` and no `transpose`")
+        return _quantize_blocks(x, f, recipe)
     if recipe is not None and not isinstance(recipe, CurrentScaling):
-        raise TypeError("fusedkit.quantize: recipe must be a CurrentScaling here; for delayed scaling pass "
-                        "the scale from your amax history as `scale=`")
+        raise TypeError("fusedkit.quantize: recipe must be CurrentScaling, MXFP8Scaling or BlockScaling; "
+                        "for delayed scaling pass the scale from your amax history as `scale=`")
     rec = recipe or CurrentScaling()
     kind = _interop.framework(x)
     x_dt = _dtypes.canonical(x.dtype)
@@ -82,6 +86,84 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8T
     data_t, dtp = _interop.empty(kind, X, (N, M), "uint8")
     cuda_fp8.cast_transpose(X.ptr, dp, dtp, *args, M, N, *opts)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
+
+
+def _quantize_blocks(x, f, recipe) -> FP8Tensor:
+    """Block scaling along the last dim: MXFP8 (32-element blocks, E8M0 scale bytes) or 1 x 128 blocks
+    (fp32 power-of-two scale_inv per block); 128 x 128 weight blocks on host arrays only so far."""
+    mx = isinstance(recipe, MXFP8Scaling)
+    block = recipe.block if mx else recipe.activation_block
+    if mx and block != 32:
+        raise ValueError(f"fusedkit.quantize: MXFP8 blocks are 32 elements, got {block}")
+    kind = _interop.framework(x)
+    if kind in _HOST:
+        xa = _interop.to_numpy(x, kind)
+        if mx:
+            data, sc = _ref.quantize_mxfp8(xa, f, 32)
+        else:
+            data, sc = _ref.quantize_blockwise(xa, tuple(block), f)
+        return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f,
+                         mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
+    if kind == _interop.JAX:
+        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+    if not mx and tuple(block) != (1, 128):
+        raise NotImplementedError(f"fusedkit.quantize: {tuple(block)} blocks run on host arrays only so far; "
+                                  f"on the GPU use BlockScaling's 1 x 128 activation blocks")
+    from ..backends import cuda_fp8
+
+    X = _interop.view(x, kind, "x")
+    if not mx and len(X.shape) != 2:
+        raise ValueError(f"fusedkit: block scaling takes a 2-D array, got shape {X.shape}")
+    K = X.shape[-1] if X.shape else 1
+    M = X.size // K if K else 0
+    bpr = -(-K // (32 if mx else 128))
+    data, dp = _interop.empty(kind, X, X.shape, "uint8")
+    sc, sp = _interop.empty(kind, X, tuple(X.shape[:-1]) + (bpr,), "uint8" if mx else "float32")
+    if M and K:
+        cuda_fp8.quantize_blocks(X.ptr, dp, sp, M, K, X.dtype, f.name, mx, X.device,
+                                 _interop.stream(kind, X.device))
+    return FP8Tensor(data, sc, f, mode="mxfp8" if mx else "block", block=32 if mx else (1, 128))
+
+
+def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
+    """One delayed-scaling step for n tensors at once, in place: ``history`` (L x n fp32, row 0 the
+    latest amax of each tensor), ``scale`` and optional ``scale_inv`` (n fp32). Takes amax as the
+    history's max (or row 0 with ``amax_compute_algo="most_recent"``), rolls the history (row 0 is
+    zeroed for the next step) and sets ``scale = fp8_max / amax / 2**margin`` (the previous scale kept
+    for an amax of 0, inf or NaN), ``scale_inv = 1 / scale``. One kernel launch on device arrays."""
+    rec = recipe or DelayedScaling()
+    if not isinstance(rec, DelayedScaling):
+        raise TypeError("fusedkit.fp8.update_scales: recipe must be a DelayedScaling")
+    f = as_format(fmt)
+    if len(history.shape) != 2:
+        raise ValueError(f"fusedkit: history must be 2-D (history_len, n_tensors), got {tuple(history.shape)}")
+    L, n = (int(d) for d in history.shape)
+    arrays = (("history", history, (L, n)), ("scale", scale, (n,))) + \
+        ((("scale_inv", scale_inv, (n,)),) if scale_inv is not None else ())
+    for name, a, shape in arrays:
+        if tuple(a.shape) != shape or _dtypes.canonical(a.dtype) != "float32":
+            raise ValueError(f"fusedkit: `{name}` must be float32 of shape {shape}, got "
+                             f"{tuple(a.shape)} {_dtypes.canonical(a.dtype)}")
+    kind = _interop.framework(history)
+    if kind == "host":
+        new, amax = update_amax_history(history, rec.amax_compute_algo)
+        history[...] = new
+        scale[...] = delayed_scale(amax, scale, f.max, rec.margin)
+        if scale_inv is not None:
+            scale_inv[...] = np.float32(1.0) / scale
+        return history, scale, scale_inv
+    if kind not in (_interop.CUPY, _interop.TORCH):
+        raise TypeError(f"fusedkit.fp8.update_scales takes NumPy, CuPy or CUDA torch arrays, got {kind}")
+    from ..backends import cuda_fp8
+
+    H = _interop.view(history, kind, "history")
+    S = _interop.view(scale, kind, "scale")
+    SI = _interop.view(scale_inv, kind, "scale_inv") if scale_inv is not None else None
+    _interop.same_device([H, S] + ([SI] if SI else []))
+    if n:
+        cuda_fp8.update_scales(H.ptr, S.ptr, SI.ptr if SI else 0, L, n, f.max, rec.margin,
+                               rec.amax_compute_algo == "most_recent", H.device, _interop.stream(kind, H.device))
+    return history, scale, scale_inv
 
 
 def dequantize(t: FP8Tensor, dtype="float32"):

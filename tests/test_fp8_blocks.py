@@ -1,0 +1,71 @@
+"""Block-scaled FP8 quantization (MXFP8 32-element blocks with E8M0 scales; 1 x 128 blocks with fp32
+power-of-two scales): bytes and scales equal the CPU reference exactly on every backend, including
+values beyond the format's max, +-inf, NaN, subnormals, all-zero blocks and partial blocks."""
+import numpy as np
+import pytest
+
+import fusedkit as fk
+from fusedkit import fp8
+from fusedkit.reference import fp8 as ref
+from _backends import backend_params, rand, skip_unsupported, to_backend, to_numpy
+from test_fp8_quantize import awkward, rng_for, same_bytes
+
+SHAPES = [(1, 1), (3, 31), (7, 32), (5, 100), (64, 256), (129, 1000), (257, 4096)]
+
+
+def _blocky(rng, shape, dtype, fmax):
+    """awkward() plus a whole zero block and one block of tiny values, so every scale branch runs."""
+    x = awkward(rng, shape, dtype, fmax)
+    flat = x.reshape(shape[0], -1)
+    if flat.shape[1] >= 64:
+        flat[-1, :32] = 0
+        flat[-1, 32:64] = flat[-1, 32:64] * 1e-30
+    return x
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_mxfp8_matches_reference(backend, dtype, fmt, shape):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("mx", backend, dtype, fmt, shape)
+    x = _blocky(rng, shape, dtype, fp8.as_format(fmt).max)
+    t = fk.quantize(to_backend(x, backend), fmt=fmt, recipe=fp8.MXFP8Scaling())
+    data, scales = ref.quantize_mxfp8(x, fmt)
+    assert t.mode == "mxfp8" and t.block == 32
+    same_bytes(to_numpy(t.data), data, fmt)
+    np.testing.assert_array_equal(np.asarray(to_numpy(t.scale_inv), np.uint8), scales)
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_block_1x128_matches_reference(backend, dtype, fmt, shape):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("b128", backend, dtype, fmt, shape)
+    x = _blocky(rng, shape, dtype, fp8.as_format(fmt).max)
+    t = fk.quantize(to_backend(x, backend), fmt=fmt, recipe=fp8.BlockScaling())
+    data, sinv = ref.quantize_blockwise(x, (1, 128), fmt)
+    assert t.mode == "block" and t.block == (1, 128)
+    same_bytes(to_numpy(t.data), data, fmt)
+    got = np.asarray(to_numpy(t.scale_inv), np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), sinv.view(np.uint32))
+
+
+def test_block_quantized_values_round_trip():
+    """Dequantized values stay within the format's relative step of the input."""
+    rng = rng_for("rt")
+    x = rand(rng, (33, 300), "float32", scale=7.0)
+    for recipe, tol in ((fp8.MXFP8Scaling(), 2.0**-3), (fp8.BlockScaling(), 2.0**-3)):
+        t = fk.quantize(x, fmt="e4m3", recipe=recipe)
+        np.testing.assert_allclose(t.dequantize(), x, rtol=tol, atol=1e-6)
+
+
+def test_block_scaling_bad_input():
+    x = np.ones((4, 64), np.float32)
+    with pytest.raises(ValueError, match="no `scale`"):
+        fk.quantize(x, recipe=fp8.MXFP8Scaling(), scale=1.0)
+    with pytest.raises(ValueError, match="32 elements"):
+        fk.quantize(x, recipe=fp8.MXFP8Scaling(block=16))
