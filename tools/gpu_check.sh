@@ -40,6 +40,8 @@ if has sanitize; then
   ( for tool in memcheck racecheck; do
       timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_norms.py > "$OUT/$tool.log" 2>&1
       echo "$tool rc=$?" >> "$OUT/$tool.log"
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_fp8.py >> "$OUT/$tool.log" 2>&1
+      echo "$tool fp8 rc=$?" >> "$OUT/$tool.log"
     done ) & pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -63,7 +65,7 @@ echo "================ summary ================"
 L=/tmp/fk_logs
 cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
-for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_norms" "$L/$t.log" 2>/dev/null | tail -3; done
+for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_|MISMATCH" "$L/$t.log" 2>/dev/null | tail -6; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
