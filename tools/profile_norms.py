@@ -38,22 +38,21 @@ if "--launch" in sys.argv:
     from fusedkit.backends import cuda_norms as cn
     xs = cupy.random.standard_normal((4, 1024), dtype=cupy.float32)
     ys = cupy.empty_like(xs)
-    plan = cn._fwd_plan(1024, "float32", "float32", "float32", True, 0, None)
-    fn, block, rpb, fit = plan
+    fn, block, rpb = cn._fwd_plan(1024, "float32", "float32", "float32", True, 0, None, 16)
+    expr = cn.fwd_expr(cn.fwd_config(1024, 4, True), "float32", "float32", "float32", True)
+    raw = fk._jit.get_kernel(cn.FILE, expr, 0).kernel  # CuPy's Function, for comparison
     s = cupy.cuda.get_current_stream()
-    variants = {
-        "ints": (xs.data.ptr, 0, 0, 0, ys.data.ptr, 0, 0, 0, np.int64(4), np.int32(1024), np.float32(1e-6), np.int32(0)),
-        "uint64": (np.uint64(xs.data.ptr), np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(ys.data.ptr),
-                   np.uint64(0), np.uint64(0), np.uint64(0), np.int64(4), np.int32(1024), np.float32(1e-6), np.int32(0)),
-        "arrays": (xs, None, None, None, ys, None, None, None, np.int64(4), np.int32(1024), np.float32(1e-6), np.int32(0)),
-    }
-    for name, args in variants.items():
+    args = (xs.data.ptr, 0, 0, 0, ys.data.ptr, 0, 0, 0, 4, 1024, 1e-6, 0)
+    np_args = (xs.data.ptr, 0, 0, 0, ys.data.ptr, 0, 0, 0, np.int64(4), np.int32(1024), np.float32(1e-6),
+               np.int32(0))
+    for name, call in (("fusedkit Launcher", lambda: fn(1, block, 0, s.ptr, *args)),
+                       ("cupy Function", lambda: raw((1,), block, np_args, 0, s))):
         for _ in range(100):
-            fn((1,), block, args, 0, s)
+            call()
         t = time.perf_counter()
         for _ in range(5000):
-            fn((1,), block, args, 0, s)
-        print(f"launch {name}: {(time.perf_counter() - t) / 5000 * 1e6:.2f} us")
+            call()
+        print(f"launch via {name}: {(time.perf_counter() - t) / 5000 * 1e6:.2f} us")
     t = time.perf_counter()
     for _ in range(5000):
         xs.flags.c_contiguous
