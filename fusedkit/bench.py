@@ -194,35 +194,23 @@ def run_gpu(args):
     rows = []
     copy = copy_gbps(torch, timer)
     shapes = GPU_SHAPES if not args.quick else GPU_SHAPES[1:2]
-    prog = _progress(len(shapes) * len(OPS), "bench")
-    for (M, N) in shapes:
-        for op in OPS:
-            spec = _registry.OPS[op]
-            nbytes = spec.bytes_moved(M, N, 2)
-            for impl, fn in _impls(torch, op, M, N, dtype).items():
-                try:
-                    ms = timer.ms(fn)
-                except Exception as e:  # noqa: BLE001
-                    print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                    continue
-                rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
-                             "GBps": nbytes / ms / 1e6, "TFLOPs": None})
-            torch.cuda.empty_cache()
-            prog.update()
-    prog.close()
+    work = [(M, N, op, _impls) for (M, N) in shapes for op in OPS]
     if not args.quick:
-        for (M, N) in FP8_SHAPES:
-            for op in FP8_OPS:
-                nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
-                for impl, fn in _fp8_impls(torch, op, M, N, dtype).items():
-                    try:
-                        ms = timer.ms(fn)
-                    except Exception as e:  # noqa: BLE001
-                        print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                        continue
-                    rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
-                                 "GBps": nbytes / ms / 1e6, "TFLOPs": None})
-                torch.cuda.empty_cache()
+        work += [(M, N, op, _fp8_impls) for (M, N) in FP8_SHAPES for op in FP8_OPS]
+    prog = _progress(len(work), "bench")
+    for (M, N, op, impls) in work:
+        nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
+        for impl, fn in impls(torch, op, M, N, dtype).items():
+            try:
+                ms = timer.ms(fn)
+            except Exception as e:  # noqa: BLE001 - a failing impl is reported and left out
+                print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
+                         "GBps": nbytes / ms / 1e6, "TFLOPs": None})
+        torch.cuda.empty_cache()
+        prog.update()
+    prog.close()
     rows += overhead_rows(torch)
     return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
 
