@@ -12,7 +12,7 @@ from typing import Callable
 
 from . import reference
 from ._dtypes import FLOAT_DTYPES
-from .backends import cuda_fp8, cuda_norms
+from .backends import cuda_activations, cuda_fp8, cuda_norms
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,24 @@ OPS.update({
                              _fp8_cast_transpose_bytes, reference.fp8.quantize_delayed),
 })
 
+def _act_bytes(M, N, s):          # read x, write y
+    return 2 * M * N * s
+
+
+def _gated_bytes(M, H, s):        # read a and g (2 x M x H), write y (M x H); shape given as (M, H)
+    return 3 * M * H * s
+
+
+OPS.update({
+    "gelu_fwd": Op("gelu_fwd", cuda_activations.FILE, cuda_activations.vec_width, _act_bytes,
+                   reference.activations.forward),
+    "swiglu_fwd": Op("swiglu_fwd", cuda_activations.FILE, cuda_activations.vec_width, _gated_bytes,
+                     reference.activations.forward),
+})
+
 # name expressions per kernel file, for the compile-all check
-KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions, cuda_fp8.FILE: cuda_fp8.all_expressions}
+KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions, cuda_fp8.FILE: cuda_fp8.all_expressions,
+                   cuda_activations.FILE: cuda_activations.all_expressions}
 
 
 def all_expressions() -> dict[str, list[str]]:

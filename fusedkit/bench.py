@@ -26,6 +26,7 @@ GPU_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384), (4096
 OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
 FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
 FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose"]
+ACT_WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336)]  # (op, M, H)
 
 
 def _progress(total, desc):
@@ -187,6 +188,39 @@ def _fp8_impls(torch, op, M, N, dtype):
     return out
 
 
+def _act_impls(torch, op, M, H, dtype):
+    """GeLU (tanh) of an (M, H) tensor, SwiGLU of an (M, 2H) one: fusedkit, torch eager, torch.compile
+    and Liger's SwiGLU where installed."""
+    import fusedkit as fk
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if op == "gelu_fwd":
+        x = torch.randn(M, H, device="cuda", generator=g).to(dtype)
+
+        def peer(x_):
+            return F.gelu(x_, approximate="tanh")
+        out = {"fusedkit": lambda: fk.gelu(x), "torch_eager": lambda: peer(x)}
+    else:
+        x = torch.randn(M, 2 * H, device="cuda", generator=g).to(dtype)
+
+        def peer(x_):
+            a, b = x_.chunk(2, dim=-1)
+            return F.silu(a) * b
+        out = {"fusedkit": lambda: fk.swiglu(x), "torch_eager": lambda: peer(x)}
+        try:
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+            a, b = (t.contiguous() for t in x.chunk(2, dim=-1))
+            out["liger"] = lambda: LigerSiLUMulFunction.apply(a, b)
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+        out["torch_compile"] = lambda: compiled(x)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    return out
+
+
 def run_gpu(args):
     import torch
     timer = GpuTimer(torch)
@@ -197,6 +231,7 @@ def run_gpu(args):
     work = [(M, N, op, _impls) for (M, N) in shapes for op in OPS]
     if not args.quick:
         work += [(M, N, op, _fp8_impls) for (M, N) in FP8_SHAPES for op in FP8_OPS]
+        work += [(M, H, op, _act_impls) for (op, M, H) in ACT_WORK]
     prog = _progress(len(work), "bench")
     for (M, N, op, impls) in work:
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)

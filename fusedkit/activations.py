@@ -1,0 +1,152 @@
+"""Public activations: GeLU (tanh / erf), SiLU, ReLU, squared ReLU and the gated SwiGLU, GeGLU, ReGLU,
+forward and backward, on every backend (CPU reference for host arrays, cuda/activations.cu on CuPy
+and CUDA torch arrays).
+
+Gated forms take x of last dim 2H, split as ``a, g = x[..., :H], x[..., H:]`` (Transformer Engine's
+layout), and return ``act(a) * g`` of last dim H. ``bias`` (optional, x's dtype, shape of x's last
+dim) is added to the input first (TE's bias-GeLU fusion). Math in fp32, one rounding to the output.
+"""
+from __future__ import annotations
+
+from . import _dtypes, _interop
+from .norms import _HOST_KINDS, _check_same_framework, _host
+from .reference import activations as _ref
+
+_GELU = {"tanh": "gelu_tanh", "none": "gelu_erf", "erf": "gelu_erf"}
+
+
+def _kind_for(approximate, base):
+    try:
+        return base + "_" + _GELU[approximate].split("_")[1]
+    except KeyError:
+        raise ValueError(f"fusedkit: approximate must be 'tanh' or 'none' (erf), got {approximate!r}") from None
+
+
+def _validate(x, bias, kind):
+    if len(x.shape) == 0:
+        raise ValueError("fusedkit: activations need at least one dimension")
+    x_dt = _dtypes.canonical(x.dtype)
+    if x_dt not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"fusedkit: activations take float32, float16 or bfloat16, got {x_dt}")
+    N = x.shape[-1]
+    if kind in _ref.GATED and N % 2:
+        raise ValueError(f"fusedkit: {kind} splits the last dim in two halves; it must be even, got {N}")
+    if bias is not None and (tuple(bias.shape) != (N,) or _dtypes.canonical(bias.dtype) != x_dt):
+        raise ValueError(f"fusedkit: `bias` must be {x_dt} of shape ({N},), got {tuple(bias.shape)} "
+                         f"{_dtypes.canonical(bias.dtype)}")
+    return x_dt, N
+
+
+def _forward(x, kind, bias=None, out_dtype=None):
+    kind_call = _interop.framework(x)
+    _check_same_framework(kind_call, (("bias", bias),))
+    x_dt, N = _validate(x, bias, kind)
+    o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
+    if kind_call in _HOST_KINDS:
+        return _host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)), kind_call,
+                     (x, bias), {})
+    if kind_call == _interop.JAX:
+        raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
+    from .backends import cuda_activations
+
+    X = _interop.view(x, kind_call, "x")
+    B = _interop.view(bias, kind_call, "bias") if bias is not None else None
+    _interop.same_device([X] + ([B] if B else []))
+    H = N // 2 if kind in _ref.GATED else N
+    M = X.size // N
+    y, yp = _interop.empty(kind_call, X, tuple(X.shape[:-1]) + (H,), o_dt)
+    if M and H:
+        cuda_activations.forward(X.ptr, B.ptr if B else 0, yp, M, H, x_dt, o_dt, kind, X.device,
+                                 _interop.stream(kind_call, X.device))
+    return y
+
+
+def _backward(dy, x, kind, bias=None):
+    kind_call = _interop.framework(x)
+    _check_same_framework(kind_call, (("dy", dy), ("bias", bias)))
+    x_dt, N = _validate(x, bias, kind)
+    H = N // 2 if kind in _ref.GATED else N
+    want = tuple(x.shape[:-1]) + (H,)
+    if tuple(dy.shape) != want or _dtypes.canonical(dy.dtype) != x_dt:
+        raise ValueError(f"fusedkit: `dy` must be {x_dt} of shape {want} (the forward's output), got "
+                         f"{tuple(dy.shape)} {_dtypes.canonical(dy.dtype)}")
+    if kind_call in _HOST_KINDS:
+        return _host(lambda d_, x_, b_: _ref.backward(d_, x_, kind, b_), kind_call, (dy, x, bias), {})
+    if kind_call == _interop.JAX:
+        raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
+    from .backends import cuda_activations
+
+    X = _interop.view(x, kind_call, "x")
+    DY = _interop.view(dy, kind_call, "dy")
+    B = _interop.view(bias, kind_call, "bias") if bias is not None else None
+    _interop.same_device([X, DY] + ([B] if B else []))
+    M = X.size // N
+    dx, dxp = _interop.empty(kind_call, X, X.shape, x_dt)
+    if M and H:
+        cuda_activations.backward(DY.ptr, X.ptr, B.ptr if B else 0, dxp, M, H, x_dt, kind, X.device,
+                                  _interop.stream(kind_call, X.device))
+    return dx
+
+
+def gelu(x, *, approximate="tanh", bias=None, out_dtype=None):
+    """GeLU of ``x + bias``: ``approximate="tanh"`` (default, as in Transformer Engine) or ``"none"``
+    (exact, with erf)."""
+    return _forward(x, _kind_for(approximate, "gelu"), bias, out_dtype)
+
+
+def gelu_backward(dy, x, *, approximate="tanh", bias=None):
+    """Gradient of ``gelu`` with respect to x (and to the bias: sum it over the leading dims)."""
+    return _backward(dy, x, _kind_for(approximate, "gelu"), bias)
+
+
+def silu(x, *, bias=None, out_dtype=None):
+    return _forward(x, "silu", bias, out_dtype)
+
+
+def silu_backward(dy, x, *, bias=None):
+    return _backward(dy, x, "silu", bias)
+
+
+def relu(x, *, bias=None, out_dtype=None):
+    return _forward(x, "relu", bias, out_dtype)
+
+
+def relu_backward(dy, x, *, bias=None):
+    return _backward(dy, x, "relu", bias)
+
+
+def squared_relu(x, *, bias=None, out_dtype=None):
+    """``max(x + bias, 0) ** 2``."""
+    return _forward(x, "squared_relu", bias, out_dtype)
+
+
+def squared_relu_backward(dy, x, *, bias=None):
+    return _backward(dy, x, "squared_relu", bias)
+
+
+def swiglu(x, *, bias=None, out_dtype=None):
+    """``silu(a) * g`` with ``a, g`` the halves of x's last dim."""
+    return _forward(x, "swiglu", bias, out_dtype)
+
+
+def swiglu_backward(dy, x, *, bias=None):
+    """Gradient of ``swiglu`` with respect to x (both halves, x's shape)."""
+    return _backward(dy, x, "swiglu", bias)
+
+
+def geglu(x, *, approximate="tanh", bias=None, out_dtype=None):
+    """``gelu(a) * g`` with ``a, g`` the halves of x's last dim."""
+    return _forward(x, _kind_for(approximate, "geglu"), bias, out_dtype)
+
+
+def geglu_backward(dy, x, *, approximate="tanh", bias=None):
+    return _backward(dy, x, _kind_for(approximate, "geglu"), bias)
+
+
+def reglu(x, *, bias=None, out_dtype=None):
+    """``relu(a) * g`` with ``a, g`` the halves of x's last dim."""
+    return _forward(x, "reglu", bias, out_dtype)
+
+
+def reglu_backward(dy, x, *, bias=None):
+    return _backward(dy, x, "reglu", bias)

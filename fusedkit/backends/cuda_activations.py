@@ -1,0 +1,84 @@
+"""CUDA launches for the activations (kernels in cuda/activations.cu). Pointers in, no syncs."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import _jit
+from .._dtypes import CXX, ITEMSIZE
+from .._launch import Launcher, stream_ptr
+
+FILE = "activations.cu"
+THREADS = 256
+ACT_ID = {"gelu_tanh": 0, "gelu_erf": 1, "silu": 2, "relu": 3, "squared_relu": 4}
+GATED = {"swiglu": "silu", "geglu_tanh": "gelu_tanh", "geglu_erf": "gelu_erf", "reglu": "relu"}
+
+
+def vec_width(H: int, itemsize: int, max_vec: int = 16) -> int:
+    v = min(16 // itemsize, max_vec)
+    while H % v:
+        v //= 2
+    return v
+
+
+def _act(kind):
+    gated = kind in GATED
+    return ACT_ID[GATED[kind] if gated else kind], gated
+
+
+def fwd_expr(x_dt, o_dt, kind, vec) -> str:
+    a, g = _act(kind)
+    return f"fk::act_fwd<{CXX[x_dt]}, {CXX[o_dt]}, {a}, {'true' if g else 'false'}, {vec}>"
+
+
+def bwd_expr(x_dt, kind, vec) -> str:
+    a, g = _act(kind)
+    return f"fk::act_bwd<{CXX[x_dt]}, {a}, {'true' if g else 'false'}, {vec}>"
+
+
+@lru_cache(maxsize=None)
+def _grid_cap(device: int) -> int:
+    import cupy
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"] * 8
+
+
+_launchers: dict = {}
+
+
+def _launcher(expr, codes, device) -> Launcher:
+    key = (expr, device)
+    fn = _launchers.get(key)
+    if fn is None:
+        fn = _launchers[key] = Launcher(_jit.get_kernel(FILE, expr, device).kernel, codes, device)
+    return fn
+
+
+def _vec(H, x_dt, ptrs_sizes):
+    from .cuda_norms import align_elems
+    return vec_width(H, ITEMSIZE[x_dt], align_elems(ptrs_sizes))
+
+
+def forward(x, bias, y, M, H, x_dt, o_dt, kind, device, stream):
+    """y (M x H) = act(x + bias), or act(a) * g for gated kinds (x is M x 2H)."""
+    vec = _vec(H, x_dt, ((x, ITEMSIZE[x_dt]), (bias, ITEMSIZE[x_dt]), (y, ITEMSIZE[o_dt])))
+    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
+    _launcher(fwd_expr(x_dt, o_dt, kind, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+                                                                x, bias, y, M, H)
+
+
+def backward(dy, x, bias, dx, M, H, x_dt, kind, device, stream):
+    s = ITEMSIZE[x_dt]
+    vec = _vec(H, x_dt, ((x, s), (bias, s), (dy, s), (dx, s)))
+    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
+    _launcher(bwd_expr(x_dt, kind, vec), "ppppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+                                                            dy, x, bias, dx, M, H)
+
+
+def all_expressions():
+    exprs = set()
+    for x_dt in ("float32", "float16", "bfloat16"):
+        for kind in (*ACT_ID, *GATED):
+            for vec in sorted({1, 16 // ITEMSIZE[x_dt]}):
+                for o_dt in sorted({x_dt, "float32"}):
+                    exprs.add(fwd_expr(x_dt, o_dt, kind, vec))
+                exprs.add(bwd_expr(x_dt, kind, vec))
+    return {FILE: sorted(exprs)}

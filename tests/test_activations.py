@@ -1,0 +1,131 @@
+"""Activations, forward and backward, on every backend, against float64 formulas (whose derivatives
+are themselves checked by finite differences). Odd shapes, leading dims, bias, out_dtype, bad input."""
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import fusedkit as fk
+from _backends import assert_close, backend_params, framework_of, rand, skip_unsupported, to_backend, to_numpy
+
+DTYPES = ["float32", "float16", "bfloat16"]
+SHAPES = [(0, 8), (1, 2), (7, 14), (3, 5, 66), (129, 1024)]
+ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def f64(kind, x):
+    if kind == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    if kind == "gelu_erf":
+        return 0.5 * x * (1 + ERF(x / math.sqrt(2)))
+    if kind == "silu":
+        return x / (1 + np.exp(-x))
+    if kind == "relu":
+        return np.maximum(x, 0)
+    return np.maximum(x, 0) ** 2
+
+
+def df64(kind, x):
+    if kind == "gelu_tanh":
+        k0, k1 = math.sqrt(2 / math.pi), 0.044715
+        t = np.tanh(k0 * (x + k1 * x ** 3))
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k0 * (1 + 3 * k1 * x * x)
+    if kind == "gelu_erf":
+        return 0.5 * (1 + ERF(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    if kind == "silu":
+        s = 1 / (1 + np.exp(-x))
+        return s * (1 + x * (1 - s))
+    if kind == "relu":
+        return (x > 0).astype(np.float64)
+    return 2 * np.maximum(x, 0)
+
+
+INNER = {"swiglu": "silu", "geglu_tanh": "gelu_tanh", "geglu_erf": "gelu_erf", "reglu": "relu"}
+KINDS = ["gelu_tanh", "gelu_erf", "silu", "relu", "squared_relu", *INNER]
+
+
+def call(kind, x, bias=None, out_dtype=None):
+    if kind.startswith("gelu"):
+        return fk.gelu(x, approximate="tanh" if kind.endswith("tanh") else "none", bias=bias, out_dtype=out_dtype)
+    if kind.startswith("geglu"):
+        return fk.geglu(x, approximate="tanh" if kind.endswith("tanh") else "none", bias=bias, out_dtype=out_dtype)
+    return getattr(fk, kind)(x, bias=bias, out_dtype=out_dtype)
+
+
+def call_bwd(kind, dy, x, bias=None):
+    if kind.startswith("gelu"):
+        return fk.gelu_backward(dy, x, approximate="tanh" if kind.endswith("tanh") else "none", bias=bias)
+    if kind.startswith("geglu"):
+        return fk.geglu_backward(dy, x, approximate="tanh" if kind.endswith("tanh") else "none", bias=bias)
+    return getattr(fk, kind + "_backward")(dy, x, bias=bias)
+
+
+def want64(kind, x64, dy64=None):
+    if kind in INNER:
+        H = x64.shape[-1] // 2
+        a, g = x64[..., :H], x64[..., H:]
+        y = f64(INNER[kind], a) * g
+        if dy64 is None:
+            return y
+        return np.concatenate([dy64 * g * df64(INNER[kind], a), dy64 * f64(INNER[kind], a)], axis=-1)
+    return f64(kind, x64) if dy64 is None else dy64 * df64(kind, x64)
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in INNER])
+def test_float64_derivatives_match_finite_differences(kind):
+    x = np.linspace(-6, 6, 1001) + 1e-3  # off the relu kink
+    h = 1e-6
+    fd = (f64(kind, x + h) - f64(kind, x - h)) / (2 * h)
+    np.testing.assert_allclose(df64(kind, x), fd, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "torch_cpu", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_and_backward(backend, dtype, shape, kind):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("act", backend, dtype, shape, kind)
+    x = rand(rng, shape, dtype, scale=2.5)
+    with_bias = shape[-1] % 3 == 0
+    b = rand(rng, (shape[-1],), dtype, scale=0.5) if with_bias else None
+    X, B = to_backend(x, backend), to_backend(b, backend)
+    y = call(kind, X, B)
+    assert framework_of(y) == framework_of(X)
+    # the kernels add the bias in fp32: the reference sees the same fp32 sum
+    x64 = (x.astype(np.float32) + (b.astype(np.float32) if with_bias else np.float32(0))).astype(np.float64)
+    y64 = want64(kind, x64)
+    assert tuple(to_numpy(y).shape) == y64.shape
+    assert_close(y, y64, dtype, f"{kind} forward")
+    dy = rand(rng, y64.shape, dtype)
+    dx = call_bwd(kind, to_backend(dy, backend), X, B)
+    assert_close(dx, want64(kind, x64, dy.astype(np.float64)), dtype, f"{kind} backward")
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+def test_out_dtype_float32(backend):
+    skip_unsupported(backend, "float16")
+    rng = rng_for("odt", backend)
+    x = rand(rng, (5, 64), "float16", scale=2.0)
+    y = fk.swiglu(to_backend(x, backend), out_dtype="float32")
+    assert to_numpy(y).dtype == np.float32
+    assert_close(y, want64("swiglu", x.astype(np.float64)), "float32", "swiglu fp32 out")
+
+
+def test_bad_inputs():
+    x = np.ones((4, 7), np.float32)
+    with pytest.raises(ValueError, match="even"):
+        fk.swiglu(x)
+    with pytest.raises(ValueError, match="bias"):
+        fk.gelu(x, bias=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="approximate"):
+        fk.gelu(x, approximate="sigmoid")
+    with pytest.raises(ValueError, match="dy"):
+        fk.gelu_backward(np.ones((4, 6), np.float32), x)
+    with pytest.raises(TypeError, match="float32"):
+        fk.relu(np.ones((2, 2), np.int32))
