@@ -36,20 +36,6 @@
 
 namespace fk {
 
-__device__ __forceinline__ void block_amax_merge(float v, float* amax_out) {
-  __shared__ float part[32];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = part[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); ++i) m = fmaxf(m, part[i]);
-    atomicMax(reinterpret_cast<unsigned int*>(amax_out), __float_as_uint(m));
-  }
-}
-
 __device__ __forceinline__ float current_scale(float amax, float fp8_max, float eps, int pow2) {
   if (isfinite(amax)) amax = fmaxf(amax, eps);
   if (!isfinite(amax) || amax == 0.f) return 1.f;

@@ -37,10 +37,14 @@ def _validate(x, bias, kind):
     return x_dt, N
 
 
-def _forward(x, kind, bias=None, out_dtype=None):
+def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     kind_call = _interop.framework(x)
     _check_same_framework(kind_call, (("bias", bias),))
     x_dt, N = _validate(x, bias, kind)
+    if fp8_fmt is not None or fp8_scale is not None:
+        if fp8_fmt is None or fp8_scale is None or out_dtype is not None:
+            raise ValueError("fusedkit: FP8 output needs both fp8_fmt and fp8_scale, and no out_dtype")
+        return _forward_fp8(x, kind, bias, fp8_fmt, fp8_scale, kind_call, x_dt, N)
     o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
     if kind_call in _HOST_KINDS:
         return _host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)), kind_call,
@@ -59,6 +63,46 @@ def _forward(x, kind, bias=None, out_dtype=None):
         cuda_activations.forward(X.ptr, B.ptr if B else 0, yp, M, H, x_dt, o_dt, kind, X.device,
                                  _interop.stream(kind_call, X.device))
     return y
+
+
+def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
+    """act(...) cast to FP8 with a delayed scale in the same pass -> FP8Tensor (amax of the fp32
+    activation, scale_inv = 1 / scale)."""
+    import numpy as np
+
+    from .fp8.formats import as_format
+    from .fp8.tensor import FP8Tensor
+    from .reference import fp8 as _ref_fp8
+    f = as_format(fmt)
+    if kind_call in _HOST_KINDS:
+        xa = _interop.to_numpy(x, kind_call)
+        ba = _interop.to_numpy(bias, kind_call) if bias is not None else None
+        y32 = _ref.forward(xa, kind, ba, np.float32)
+        data, sinv, amax = _ref_fp8.quantize_delayed(y32, np.float32(np.asarray(scale).reshape(())), f)
+        return FP8Tensor(_interop.from_numpy(data, kind_call), sinv, f, amax)
+    if kind_call == _interop.JAX:
+        raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
+    from .backends import cuda_activations
+
+    X = _interop.view(x, kind_call, "x")
+    B = _interop.view(bias, kind_call, "bias") if bias is not None else None
+    _interop.same_device([X] + ([B] if B else []))
+    H = N // 2 if kind in _ref.GATED else N
+    M = X.size // N
+    data, dp = _interop.empty(kind_call, X, tuple(X.shape[:-1]) + (H,), "uint8")
+    sinv, sip = _interop.empty(kind_call, X, (1,), "float32")
+    amax, ap = _interop.full(kind_call, X, (1,), "float32", 0.0)
+    if hasattr(scale, "shape"):
+        S = _interop.view(scale, kind_call, "fp8_scale")
+        if S.size != 1 or S.dtype != "float32":
+            raise ValueError("fusedkit: `fp8_scale` must be a float or a 1-element float32 array")
+        keep, sp = scale, S.ptr
+    else:
+        keep, sp = _interop.full(kind_call, X, (1,), "float32", float(scale))
+    cuda_activations.forward_fp8(X.ptr, B.ptr if B else 0, dp, sp, sip, ap, M, H, x_dt, f.name, kind,
+                                 X.device, _interop.stream(kind_call, X.device))
+    del keep  # the launch is queued on the stream; the allocator orders the reuse after it
+    return FP8Tensor(data, sinv, f, amax)
 
 
 def _backward(dy, x, kind, bias=None):
@@ -88,10 +132,12 @@ def _backward(dy, x, kind, bias=None):
     return dx
 
 
-def gelu(x, *, approximate="tanh", bias=None, out_dtype=None):
+def gelu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     """GeLU of ``x + bias``: ``approximate="tanh"`` (default, as in Transformer Engine) or ``"none"``
-    (exact, with erf)."""
-    return _forward(x, _kind_for(approximate, "gelu"), bias, out_dtype)
+    (exact, with erf). With ``fp8_fmt`` ("e4m3"/"e5m2") and ``fp8_scale`` (delayed scale: a float or a
+    1-element fp32 array) the result is an FP8Tensor cast in the same pass (amax fused), as every
+    activation here accepts."""
+    return _forward(x, _kind_for(approximate, "gelu"), bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def gelu_backward(dy, x, *, approximate="tanh", bias=None):
@@ -99,34 +145,34 @@ def gelu_backward(dy, x, *, approximate="tanh", bias=None):
     return _backward(dy, x, _kind_for(approximate, "gelu"), bias)
 
 
-def silu(x, *, bias=None, out_dtype=None):
-    return _forward(x, "silu", bias, out_dtype)
+def silu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+    return _forward(x, "silu", bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def silu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "silu", bias)
 
 
-def relu(x, *, bias=None, out_dtype=None):
-    return _forward(x, "relu", bias, out_dtype)
+def relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+    return _forward(x, "relu", bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def relu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "relu", bias)
 
 
-def squared_relu(x, *, bias=None, out_dtype=None):
+def squared_relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     """``max(x + bias, 0) ** 2``."""
-    return _forward(x, "squared_relu", bias, out_dtype)
+    return _forward(x, "squared_relu", bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def squared_relu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "squared_relu", bias)
 
 
-def swiglu(x, *, bias=None, out_dtype=None):
+def swiglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     """``silu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, "swiglu", bias, out_dtype)
+    return _forward(x, "swiglu", bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def swiglu_backward(dy, x, *, bias=None):
@@ -134,18 +180,18 @@ def swiglu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "swiglu", bias)
 
 
-def geglu(x, *, approximate="tanh", bias=None, out_dtype=None):
+def geglu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     """``gelu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, _kind_for(approximate, "geglu"), bias, out_dtype)
+    return _forward(x, _kind_for(approximate, "geglu"), bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def geglu_backward(dy, x, *, approximate="tanh", bias=None):
     return _backward(dy, x, _kind_for(approximate, "geglu"), bias)
 
 
-def reglu(x, *, bias=None, out_dtype=None):
+def reglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     """``relu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, "reglu", bias, out_dtype)
+    return _forward(x, "reglu", bias, out_dtype, fp8_fmt, fp8_scale)
 
 
 def reglu_backward(dy, x, *, bias=None):

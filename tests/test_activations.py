@@ -129,3 +129,42 @@ def test_bad_inputs():
         fk.gelu_backward(np.ones((4, 6), np.float32), x)
     with pytest.raises(TypeError, match="float32"):
         fk.relu(np.ones((2, 2), np.int32))
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", ["gelu_tanh", "silu", "relu", "squared_relu", "swiglu", "reglu"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_output(backend, dtype, kind, fmt):
+    """FP8 output equals the reference cast of the fp32 activation: byte-exact for the piecewise
+    polynomial kinds; for tanh/exp kinds the library functions may differ from NumPy's by an ulp, so
+    at most 0.1 % of the bytes may be one code apart."""
+    from fusedkit import fp8
+    from fusedkit.reference import activations as ref_act
+    from fusedkit.reference import fp8 as ref_fp8
+    skip_unsupported(backend, dtype)
+    rng = rng_for("fp8out", backend, dtype, kind, fmt)
+    x = rand(rng, (67, 256), dtype, scale=3.0)
+    scale = np.float32(fp8.as_format(fmt).max / 20.0)
+    kw = {"approximate": "tanh"} if kind.startswith("gelu") else {}
+    fn = getattr(fk, "gelu" if kind.startswith("gelu") else kind)
+    t = fn(to_backend(x, backend), fp8_fmt=fmt, fp8_scale=float(scale), **kw)
+    y32 = ref_act.forward(x, kind, None, np.float32)
+    data, sinv, amax = ref_fp8.quantize_delayed(y32, scale, fmt)
+    got = np.asarray(to_numpy(t.data), np.uint8)
+    assert got.shape == data.shape
+    assert np.float32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == sinv
+    got_amax = np.float32(np.asarray(to_numpy(t.amax)).reshape(-1)[0])
+    if kind in ("relu", "squared_relu", "reglu"):
+        np.testing.assert_array_equal(got, data)
+        assert got_amax == amax
+    else:
+        diff = np.abs(got.astype(np.int16) - data.astype(np.int16))
+        assert (diff <= 1).all() and (diff > 0).mean() <= 1e-3
+        np.testing.assert_allclose(got_amax, amax, rtol=1e-6)
+
+
+def test_fp8_output_bad_input():
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match="fp8_fmt and fp8_scale"):
+        fk.gelu(x, fp8_fmt="e4m3")

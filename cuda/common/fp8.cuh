@@ -53,4 +53,21 @@ __device__ __forceinline__ unsigned short fp8x2_from_float(float lo, float hi) {
 #endif
 }
 
+// Block-wide max of v (>= 0 values; NaN ignored as fmaxf does) merged into *amax_out with an atomicMax
+// on the float's bits (valid for non-negative floats; order-independent, so deterministic). 1-D blocks,
+// every thread calls it (one barrier).
+__device__ __forceinline__ void block_amax_merge(float v, float* amax_out) {
+  __shared__ float part[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = part[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); ++i) m = fmaxf(m, part[i]);
+    atomicMax(reinterpret_cast<unsigned int*>(amax_out), __float_as_uint(m));
+  }
+}
+
 }  // namespace fk

@@ -30,6 +30,14 @@ def fwd_expr(x_dt, o_dt, kind, vec) -> str:
     return f"fk::act_fwd<{CXX[x_dt]}, {CXX[o_dt]}, {a}, {'true' if g else 'false'}, {vec}>"
 
 
+FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
+
+
+def fwd_fp8_expr(x_dt, fmt, kind, vec) -> str:
+    a, g = _act(kind)
+    return f"fk::act_fwd_fp8<{CXX[x_dt]}, {FMT_CXX[fmt]}, {a}, {'true' if g else 'false'}, {vec}>"
+
+
 def bwd_expr(x_dt, kind, vec) -> str:
     a, g = _act(kind)
     return f"fk::act_bwd<{CXX[x_dt]}, {a}, {'true' if g else 'false'}, {vec}>"
@@ -65,6 +73,14 @@ def forward(x, bias, y, M, H, x_dt, o_dt, kind, device, stream):
                                                                 x, bias, y, M, H)
 
 
+def forward_fp8(x, bias, y, scale, scale_inv, amax, M, H, x_dt, fmt, kind, device, stream):
+    """FP8 bytes y (M x H) = sat(act(...) * scale); amax (zeroed by the caller) and scale_inv written."""
+    vec = _vec(H, x_dt, ((x, ITEMSIZE[x_dt]), (bias, ITEMSIZE[x_dt]), (y, 1)))
+    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
+    _launcher(fwd_fp8_expr(x_dt, fmt, kind, vec), "ppppppqi", device)(
+        grid, (THREADS, 1), 0, stream_ptr(stream), x, bias, y, scale, scale_inv, amax, M, H)
+
+
 def backward(dy, x, bias, dx, M, H, x_dt, kind, device, stream):
     s = ITEMSIZE[x_dt]
     vec = _vec(H, x_dt, ((x, s), (bias, s), (dy, s), (dx, s)))
@@ -80,5 +96,7 @@ def all_expressions():
             for vec in sorted({1, 16 // ITEMSIZE[x_dt]}):
                 for o_dt in sorted({x_dt, "float32"}):
                     exprs.add(fwd_expr(x_dt, o_dt, kind, vec))
+                for fmt in FMT_CXX:
+                    exprs.add(fwd_fp8_expr(x_dt, fmt, kind, vec))
                 exprs.add(bwd_expr(x_dt, kind, vec))
     return {FILE: sorted(exprs)}
