@@ -1,6 +1,7 @@
-"""Small FP8 calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with
-and without vector paths, MXFP8 and 1x128 blocks, the scale update) for compute-sanitizer memcheck /
-racecheck. Exits non-zero on a result that differs from the CPU reference."""
+"""Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
+without vector paths, MXFP8 and 1x128 blocks, the scale update) and the activation kernels (forward,
+FP8 forward, backward; gated and not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a
+result that differs from the CPU reference (activations: beyond a loose tolerance)."""
 import cupy
 import numpy as np
 
@@ -40,6 +41,23 @@ H, S = cupy.asarray(h), cupy.asarray(s)
 fp8.update_scales(H, S)
 want_h, amax = fp8.update_amax_history(h)
 check("update_scales", S.get(), fp8.delayed_scale(amax, s, 448.0))
+from fusedkit.reference import activations as ref_act  # noqa: E402
+for shape in ((5, 14), (33, 256)):
+    x = rng.standard_normal(shape).astype(np.float32)
+    X = cupy.asarray(x)
+    for name in ("gelu", "silu", "swiglu", "reglu"):
+        kind = "gelu_tanh" if name == "gelu" else name
+        y = getattr(fk, name)(X).get()
+        if not np.allclose(y, ref_act.forward(x, kind), rtol=1e-4, atol=1e-5):
+            print("MISMATCH", name, shape)
+            ok = False
+        dy = cupy.ones(y.shape, np.float32)
+        dx = getattr(fk, name + "_backward")(dy, X).get()
+        if not np.allclose(dx, ref_act.backward(np.ones(y.shape, np.float32), x, kind), rtol=1e-4, atol=1e-5):
+            print("MISMATCH", name + "_backward", shape)
+            ok = False
+        t = getattr(fk, name)(X, fp8_fmt="e4m3", fp8_scale=4.0)
+        t.data.get()
 cupy.cuda.Device().synchronize()
 print("sanitize_fp8:", "ok" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)
