@@ -7,8 +7,7 @@
 // (Transformer Engine's layout); bias (2H, optional) is added to both halves first.
 // act_bwd<T, ACT, GATED, VEC>: dx = dy * act'(x + bias); gated: da = dy * g * act'(a), dg = dy * act(a).
 // Bytes (2-byte T): forward 4MN (non-gated) / 6MH (gated: read 2 x 2MH, write 2MH); backward 6MN /
-// 10MH (read x and dy, write dx). The row / column split of a vector index (a 64-bit division) is only
-// computed when a bias or the gate needs the column.
+// 10MH (read x and dy, write dx).
 // Numerics: fp32 math (tanhf, erff, expf: IEEE-accurate library functions, no fast-math), one rounding
 // to the output; formulas and derivatives as fusedkit/reference/activations.py.
 // act_fwd_fp8<T, F, ACT, GATED, VEC>: the same forward with FP8 output (delayed scaling): the fp32
@@ -80,37 +79,48 @@ __device__ __forceinline__ void store_f(O* p, const float (&v)[VEC]) {
   store_vec<O, VEC>(p, o);
 }
 
+// The VEC activation outputs of output vector v (act(x + bias), or act(a) * g when GATED); returns
+// their offset in the output. The row / column split (a 64-bit division) is only computed when a bias
+// or the gate needs the column.
+template <typename T, int ACT, bool GATED, int VEC>
+__device__ __forceinline__ long long act_vec(const T* __restrict__ x, const T* __restrict__ bias, long long v,
+                                             int H, float (&out)[VEC]) {
+  const int in_row = GATED ? 2 * H : H;
+  long long base, obase;  // input and output offsets of this vector
+  int col = 0;
+  if (GATED || bias != nullptr) {
+    const long long row = v / (H / VEC);
+    col = (int)(v - row * (H / VEC)) * VEC;
+    base = row * in_row + col;
+    obase = row * H + col;
+  } else {
+    base = obase = v * VEC;
+  }
+  float a[VEC];
+  load_f<T, VEC>(a, x + base);
+  add_bias<T, VEC>(a, bias, col);
+  if constexpr (GATED) {
+    float g[VEC];
+    load_f<T, VEC>(g, x + base + H);
+    add_bias<T, VEC>(g, bias == nullptr ? nullptr : bias + H, col);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]) * g[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]);
+  }
+  return obase;
+}
+
 // H: output columns (N for non-gated, half the input row for gated). Vectors never straddle rows
 // (VEC divides H).
 template <typename T, typename O, int ACT, bool GATED, int VEC>
 __global__ void __launch_bounds__(256)
 act_fwd(const T* __restrict__ x, const T* __restrict__ bias, O* __restrict__ y, long long M, int H) {
   const long long nvec = M * (H / VEC);
-  const int in_row = GATED ? 2 * H : H;
   for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (long long)gridDim.x * blockDim.x) {
-    long long base, obase;  // input and output offsets of this vector
-    int col = 0;
-    if (GATED || bias != nullptr) {
-      const long long row = v / (H / VEC);
-      col = (int)(v - row * (H / VEC)) * VEC;
-      base = row * in_row + col;
-      obase = row * H + col;
-    } else {
-      base = obase = v * VEC;
-    }
-    float a[VEC], out[VEC];
-    load_f<T, VEC>(a, x + base);
-    add_bias<T, VEC>(a, bias, col);
-    if constexpr (GATED) {
-      float g[VEC];
-      load_f<T, VEC>(g, x + base + H);
-      add_bias<T, VEC>(g, bias == nullptr ? nullptr : bias + H, col);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]) * g[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]);
-    }
+    float out[VEC];
+    const long long obase = act_vec<T, ACT, GATED, VEC>(x, bias, v, H, out);
     store_f<O, VEC>(y + obase, out);
   }
 }
@@ -120,50 +130,14 @@ __global__ void __launch_bounds__(256)
 act_fwd_fp8(const T* __restrict__ x, const T* __restrict__ bias, unsigned char* __restrict__ y,
             const float* __restrict__ scale_in, float* __restrict__ scale_inv_out, float* __restrict__ amax_out,
             long long M, int H) {
-  static_assert(VEC % 2 == 0 || VEC == 1, "pairs of FP8 conversions");
   const float scale = *scale_in;
   if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv_out[0] = __fdiv_rn(1.f, scale);
   const long long nvec = M * (H / VEC);
-  const int in_row = GATED ? 2 * H : H;
   float m = 0.f;
   for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (long long)gridDim.x * blockDim.x) {
-    long long base, obase;
-    int col = 0;
-    if (GATED || bias != nullptr) {
-      const long long row = v / (H / VEC);
-      col = (int)(v - row * (H / VEC)) * VEC;
-      base = row * in_row + col;
-      obase = row * H + col;
-    } else {
-      base = obase = v * VEC;
-    }
-    float a[VEC], out[VEC];
-    load_f<T, VEC>(a, x + base);
-    add_bias<T, VEC>(a, bias, col);
-    if constexpr (GATED) {
-      float g[VEC];
-      load_f<T, VEC>(g, x + base + H);
-      add_bias<T, VEC>(g, bias == nullptr ? nullptr : bias + H, col);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]) * g[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = act_f<ACT>(a[j]);
-    }
-    Vec<unsigned char, VEC> q;
-    if constexpr (VEC == 1) {
-      m = fmaxf(m, fabsf(out[0]));
-      q.v[0] = (unsigned char)(fp8x2_from_float<F>(__fmul_rn(out[0], scale), 0.f) & 0xFF);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; j += 2) {
-        m = fmaxf(m, fmaxf(fabsf(out[j]), fabsf(out[j + 1])));
-        const unsigned short p = fp8x2_from_float<F>(__fmul_rn(out[j], scale), __fmul_rn(out[j + 1], scale));
-        q.v[j] = (unsigned char)(p & 0xFF);
-        q.v[j + 1] = (unsigned char)(p >> 8);
-      }
-    }
-    store_vec<unsigned char, VEC>(y + obase, q);
+    float out[VEC];
+    const long long obase = act_vec<T, ACT, GATED, VEC>(x, bias, v, H, out);
+    store_vec<unsigned char, VEC>(y + obase, cast_fp8_vec<F, VEC>(out, scale, m));
   }
   block_amax_merge(m, amax_out);
 }

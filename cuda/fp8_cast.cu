@@ -8,6 +8,8 @@
 //   Delayed scaling (CURRENT = false): scale = *scale_in (from the amax history, no host sync).
 //   Current scaling (CURRENT = true): fp8_amax first writes the tensor's amax; every block then derives
 //   the same scale from it (fusedkit.fp8.recipes.current_scale rules, fp32, IEEE division).
+// (The cast loop of fp8_quantize predates common/fp8.cuh's cast_fp8_vec, which the newer kernels use;
+// it stays as validated on the H200 until those kernels are re-run there.)
 // Bytes: delayed 3MN for 2-byte input (read x, write bytes); current 5MN (x read twice).
 // Numerics: casts RNE with saturation (common/fp8.cuh), x * scale in fp32 without contraction, as the
 // CPU reference (fusedkit/reference/fp8.py) does.
@@ -153,13 +155,8 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
         static_cast<float*>(scales)[row * blocks_per_row + chunk / LANES] = __fdiv_rn(1.f, mul);
     }
     if (!active || col0 >= K) continue;
-    Vec<unsigned char, 8> q8;
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      const unsigned short p = fp8x2_from_float<F>(__fmul_rn(v[j], mul), __fmul_rn(v[j + 1], mul));
-      q8.v[j] = (unsigned char)(p & 0xFF);
-      q8.v[j + 1] = (unsigned char)(p >> 8);
-    }
+    float unused_amax = 0.f;
+    const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v, mul, unused_amax);
     if (VEC == 8) {
       store_vec<unsigned char, 8>(out + row * K + col0, q8);
     } else {
@@ -195,21 +192,10 @@ fp8_cast_transpose(const T* __restrict__ x, unsigned char* __restrict__ out,
     const int c = c0 + tc;
     if (r < M && c < N) {  // VEC > 1 implies N % VEC == 0: the vector is whole
       const Vec<T, VEC> a = load_vec<T, VEC>(x + r * N + c);
-      Vec<unsigned char, VEC> q;
-      if constexpr (VEC == 1) {
-        const float f = to_float(a.v[0]);
-        m = fmaxf(m, fabsf(f));
-        q.v[0] = (unsigned char)(fp8x2_from_float<F>(__fmul_rn(f, scale), 0.f) & 0xFF);
-      } else {
+      float f[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; j += 2) {
-          const float f0 = to_float(a.v[j]), f1 = to_float(a.v[j + 1]);
-          m = fmaxf(m, fmaxf(fabsf(f0), fabsf(f1)));
-          const unsigned short p = fp8x2_from_float<F>(__fmul_rn(f0, scale), __fmul_rn(f1, scale));
-          q.v[j] = (unsigned char)(p & 0xFF);
-          q.v[j + 1] = (unsigned char)(p >> 8);
-        }
-      }
+      for (int j = 0; j < VEC; ++j) f[j] = to_float(a.v[j]);
+      const Vec<unsigned char, VEC> q = cast_fp8_vec<F, VEC>(f, scale, m);
       store_vec<unsigned char, VEC>(out + r * N + c, q);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) tile[tr][tc + j] = q.v[j];

@@ -4,6 +4,7 @@
 // sm_89 and newer use the hardware conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32); older targets a
 // bit-exact software path (same results by construction; the GPU tests compare both with the CPU).
 #pragma once
+#include "common/vec.cuh"
 
 namespace fk {
 
@@ -51,6 +52,26 @@ __device__ __forceinline__ unsigned short fp8x2_from_float(float lo, float hi) {
 #else
   return (unsigned short)(fp8_from_float_sw<F>(lo) | (fp8_from_float_sw<F>(hi) << 8));
 #endif
+}
+
+// VEC fp32 values -> FP8 bytes sat(v * scale) (RNE, pairs through fp8x2_from_float); |v| is merged
+// into amax (NaN ignored, as fmaxf does).
+template <typename F, int VEC>
+__device__ __forceinline__ Vec<unsigned char, VEC> cast_fp8_vec(const float (&v)[VEC], float scale, float& amax) {
+  Vec<unsigned char, VEC> q;
+  if constexpr (VEC == 1) {
+    amax = fmaxf(amax, fabsf(v[0]));
+    q.v[0] = (unsigned char)(fp8x2_from_float<F>(__fmul_rn(v[0], scale), 0.f) & 0xFF);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2) {
+      amax = fmaxf(amax, fmaxf(fabsf(v[j]), fabsf(v[j + 1])));
+      const unsigned short p = fp8x2_from_float<F>(__fmul_rn(v[j], scale), __fmul_rn(v[j + 1], scale));
+      q.v[j] = (unsigned char)(p & 0xFF);
+      q.v[j + 1] = (unsigned char)(p >> 8);
+    }
+  }
+  return q;
 }
 
 // Block-wide max of v (>= 0 values; NaN ignored as fmaxf does) merged into *amax_out with an atomicMax
