@@ -1,0 +1,64 @@
+"""FP8 casts and activations on the GPU: GB/s from the byte models of fusedkit._registry and the
+fraction of a device copy, measured once per class in setup_cache (same harness as bench_norms:
+torch CUDA tensors when torch sees a GPU, else CuPy; skipped without a GPU). bf16 only (torch)."""
+import fusedkit
+from fusedkit._registry import OPS
+
+from .bench_norms import COPY_BYTES, _framework, _median_ms
+
+CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
+    "fp8_quantize_delayed": (16384, 8192),
+    "fp8_quantize_current": (16384, 8192),
+    "fp8_cast_transpose": (16384, 8192),
+    "gelu_fwd": (16384, 8192),
+    "swiglu_fwd": (16384, 8192),
+}
+
+
+def _call(op, x, scale):
+    if op == "fp8_quantize_delayed":
+        return lambda: fusedkit.quantize(x, fmt="e4m3", scale=scale)
+    if op == "fp8_quantize_current":
+        return lambda: fusedkit.quantize(x, fmt="e4m3")
+    if op == "fp8_cast_transpose":
+        return lambda: fusedkit.cast_transpose(x, fmt="e4m3", scale=scale)
+    if op == "gelu_fwd":
+        return lambda: fusedkit.gelu(x)
+    return lambda: fusedkit.swiglu(x)
+
+
+def _measure_all():
+    try:
+        fw = _framework("bfloat16")
+    except NotImplementedError:
+        return None
+    src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
+    out = {"copy_gbps": 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6, "gbps": {}}
+    del src, dst
+    for op, (M, N) in CASES.items():
+        x = fw.randn((M, 2 * N if op == "swiglu_fwd" else N), "bfloat16")
+        out["gbps"][op] = OPS[op].bytes_moved(M, N, 2) / _median_ms(fw, _call(op, x, 0.5)) / 1e6
+        del x
+    return out
+
+
+class FP8AndActivationBandwidth:
+    params = (list(CASES),)
+    param_names = ("op",)
+    timeout = 600
+
+    def setup_cache(self):
+        return _measure_all()
+
+    def setup(self, cache, op):
+        if cache is None:
+            raise NotImplementedError("no CUDA GPU through torch")
+
+    def track_gbps(self, cache, op):
+        return cache["gbps"][op]
+
+    def track_fraction_of_copy(self, cache, op):
+        return cache["gbps"][op] / cache["copy_gbps"]
+
+    track_gbps.unit = "GB/s"
+    track_fraction_of_copy.unit = "fraction of copy"
