@@ -1,6 +1,7 @@
 """Public activations: GeLU (tanh / erf), SiLU, ReLU, squared ReLU and the gated SwiGLU, GeGLU, ReGLU,
 forward and backward, on every backend (CPU reference for host arrays, cuda/activations.cu on CuPy
-and CUDA torch arrays).
+and CUDA torch arrays, buffer callbacks for JAX GPU arrays; ``fusedkit.jax`` has differentiable
+versions that also run under ``jax.jit``).
 
 Gated forms take x of last dim 2H, split as ``a, g = x[..., :H], x[..., H:]`` (Transformer Engine's
 layout), and return ``act(a) * g`` of last dim H. ``bias`` (optional, x's dtype, shape of x's last
@@ -50,7 +51,8 @@ def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
         return _host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)), kind_call,
                      (x, bias), {})
     if kind_call == _interop.JAX:
-        raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
+        from .jax import _prims
+        return _prims.act_forward(x, bias, kind, o_dt)
     from .backends import cuda_activations
 
     X = _interop.view(x, kind_call, "x")
@@ -117,7 +119,8 @@ def _backward(dy, x, kind, bias=None):
     if kind_call in _HOST_KINDS:
         return _host(lambda d_, x_, b_: _ref.backward(d_, x_, kind, b_), kind_call, (dy, x, bias), {})
     if kind_call == _interop.JAX:
-        raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
+        from .jax import _prims
+        return _prims.act_backward(dy, x, bias, kind)
     from .backends import cuda_activations
 
     X = _interop.view(x, kind_call, "x")

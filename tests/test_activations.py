@@ -168,3 +168,43 @@ def test_fp8_output_bad_input():
     x = np.ones((2, 8), np.float32)
     with pytest.raises(ValueError, match="fp8_fmt and fp8_scale"):
         fk.gelu(x, fp8_fmt="e4m3")
+
+
+@pytest.mark.parametrize("kind", ["gelu_tanh", "gelu_erf", "silu", "squared_relu", "swiglu", "geglu_tanh"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_jax_custom_vjp_under_jit(kind, with_bias):
+    """fusedkit.jax activations: values and gradients (x and bias) under jax.jit, on JAX's default
+    device (the CPU in CI: the buffer callbacks run the reference; a GPU runs the kernels)."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import fusedkit.jax as fj
+    rng = rng_for("jaxact", kind, with_bias)
+    x = rand(rng, (6, 32), "float32", scale=2.0)
+    b = rand(rng, (32,), "float32", scale=0.5) if with_bias else None
+    name = kind.split("_")[0] if kind.startswith(("gelu", "geglu")) else kind
+    kw = {"approximate": "tanh" if kind.endswith("tanh") else "none"} if kind.startswith(("gelu", "geglu")) else {}
+    fn = getattr(fj, name)
+    xj = jnp.asarray(x)
+    bj = None if b is None else jnp.asarray(b)
+    y = jax.jit(lambda x_, b_: fn(x_, b_, **kw))(xj, bj)
+    x64 = (x + (b if with_bias else np.float32(0))).astype(np.float64)
+    assert_close(np.asarray(y), want64(kind, x64), "float32", "jax forward")
+    dy = rand(rng, y.shape, "float32")
+
+    def loss(x_, b_):
+        return (fn(x_, b_, **kw) * jnp.asarray(dy)).sum()
+    gx, gb = jax.jit(jax.grad(loss, argnums=(0, 1)))(xj, bj) if with_bias else \
+        (jax.jit(jax.grad(loss))(xj, None), None)
+    dx64 = want64(kind, x64, dy.astype(np.float64))
+    assert_close(np.asarray(gx), dx64, "float32", "jax dx")
+    if with_bias:
+        np.testing.assert_allclose(np.asarray(gb), dx64.sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_jax_eager_arrays_through_the_public_api():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(4, 16)
+    y = fk.swiglu(jnp.asarray(x))
+    assert isinstance(y, jax.Array)
+    assert_close(np.asarray(y), want64("swiglu", x.astype(np.float64)), "float32", "swiglu jax")

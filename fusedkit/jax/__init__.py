@@ -1,4 +1,5 @@
-"""JAX front end: LayerNorm / RMSNorm with gradients (``jax.custom_vjp``), under ``jax.jit`` too.
+"""JAX front end: LayerNorm / RMSNorm and the activations with gradients (``jax.custom_vjp``), under
+``jax.jit`` too.
 
 The forward and backward are ``fusedkit.layer_norm(..., return_stats=True)`` and
 ``fusedkit.layer_norm_backward`` (and the RMS twins): eager CPU arrays run the CPU reference, GPU
@@ -18,7 +19,7 @@ from .. import _dtypes, _interop
 from .. import norms as _fk
 from . import _prims
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "gelu", "silu", "relu", "squared_relu", "swiglu", "geglu", "reglu"]
 
 
 def _cast(g, like):
@@ -100,3 +101,64 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 def rms_norm(x, weight=None, eps=1e-6, zero_centered_gamma=False):
     """RMSNorm over the last dimension, differentiable in x and weight."""
     return _rms_norm(x, weight, float(eps), bool(zero_centered_gamma))
+
+
+# ----------------------------------------------------------------------------------------------------
+# activations: one custom_vjp, the kind static (fusedkit.activations; reference on the CPU)
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _act(x, bias, kind):
+    return _prims.act_forward(x, bias, kind, _dtypes.canonical(x.dtype))
+
+
+def _act_fwd(x, bias, kind):
+    return _act(x, bias, kind), (x, bias)
+
+
+def _act_bwd(kind, res, dy):
+    x, bias = res
+    dx = _prims.act_backward(dy.astype(x.dtype), x, bias, kind)
+    if bias is None:
+        return dx, None
+    return dx, dx.reshape(-1, dx.shape[-1]).astype(jax.numpy.float32).sum(0).astype(bias.dtype)
+
+
+_act.defvjp(_act_fwd, _act_bwd)
+
+
+def _activation(x, bias, kind):
+    from .. import activations as _fa
+    _fa._validate(x, bias, kind)
+    return _act(x, bias, kind)
+
+
+def gelu(x, bias=None, approximate="tanh"):
+    """GeLU of ``x + bias`` (tanh approximation, or ``approximate="none"`` for erf), differentiable."""
+    from ..activations import _kind_for
+    return _activation(x, bias, _kind_for(approximate, "gelu"))
+
+
+def silu(x, bias=None):
+    return _activation(x, bias, "silu")
+
+
+def relu(x, bias=None):
+    return _activation(x, bias, "relu")
+
+
+def squared_relu(x, bias=None):
+    return _activation(x, bias, "squared_relu")
+
+
+def swiglu(x, bias=None):
+    """``silu(a) * g`` with ``a, g`` the halves of x's last dim, differentiable."""
+    return _activation(x, bias, "swiglu")
+
+
+def geglu(x, bias=None, approximate="tanh"):
+    from ..activations import _kind_for
+    return _activation(x, bias, _kind_for(approximate, "geglu"))
+
+
+def reglu(x, bias=None):
+    return _activation(x, bias, "reglu")

@@ -1,4 +1,4 @@
-"""LayerNorm / RMSNorm as XLA buffer callbacks (``jax.experimental.buffer_callback``).
+"""LayerNorm / RMSNorm and the activations as XLA buffer callbacks (``jax.experimental.buffer_callback``).
 
 ``norm_forward`` / ``norm_backward`` have the argument and return conventions of
 ``fusedkit.norms._norm_forward`` / ``_norm_backward`` (which call them for JAX GPU arrays and for
@@ -266,3 +266,69 @@ def _bwd_callable(platform: str, key, P: int, error: str | None = None):
         return call(dy, x, w, mean, rstd)[:3]  # the scratch outputs end here
 
     return run
+
+
+# ----------------------------------------------------------------------------------------------------
+# activations (fusedkit.activations; same platform dispatch as the norms)
+
+def act_forward(x, bias, kind, out_dtype):
+    """act(x + bias) (or the gated act(a) * g) as a buffer callback; out_dtype a canonical name."""
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), _dtypes.canonical(out_dtype), kind, bias is not None)
+    return _dispatch(_act_fwd_callable("cpu", key), lambda device: _act_fwd_callable("gpu", key), (x, bias))
+
+
+def act_backward(dy, x, bias, kind):
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), _dtypes.canonical(x.dtype), kind, bias is not None)
+    return _dispatch(_act_bwd_callable("cpu", key), lambda device: _act_bwd_callable("gpu", key), (dy, x, bias))
+
+
+def _act_dims(key):
+    shape, x_dt, o_dt, kind, has_b = key
+    N = shape[-1]
+    H = N // 2 if kind in _ref.activations.GATED else N
+    return N, H, math.prod(shape[:-1])
+
+
+@functools.lru_cache(maxsize=None)
+def _act_fwd_callable(platform: str, key):
+    shape, x_dt, o_dt, kind, has_b = key
+    N, H, M = _act_dims(key)
+
+    def cpu_cb(ctx, out, x, b):
+        np.asarray(out)[...] = _ref.activations.forward(_np(x), kind, _np(b), _dtypes.numpy_dtype(o_dt))
+
+    def gpu_cb(ctx, out, x, b):
+        if M == 0 or H == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_activations
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_activations.forward(_ptr(x), _ptr(b), _ptr(out), M, H, x_dt, o_dt, kind, dev,
+                                     _stream(ctx.stream, dev))
+
+    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape[:-1] + (H,), o_dt),
+                           vmap_method=_VMAP)
+
+
+@functools.lru_cache(maxsize=None)
+def _act_bwd_callable(platform: str, key):
+    shape, x_dt, o_dt, kind, has_b = key
+    N, H, M = _act_dims(key)
+
+    def cpu_cb(ctx, out, dy, x, b):
+        np.asarray(out)[...] = _ref.activations.backward(_np(dy), _np(x), kind, _np(b))
+
+    def gpu_cb(ctx, out, dy, x, b):
+        if M == 0 or H == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_activations
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_activations.backward(_ptr(dy), _ptr(x), _ptr(b), _ptr(out), M, H, x_dt, kind, dev,
+                                      _stream(ctx.stream, dev))
+
+    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, x_dt), vmap_method=_VMAP)
