@@ -208,3 +208,40 @@ def test_jax_eager_arrays_through_the_public_api():
     y = fk.swiglu(jnp.asarray(x))
     assert isinstance(y, jax.Array)
     assert_close(np.asarray(y), want64("swiglu", x.astype(np.float64)), "float32", "swiglu jax")
+
+
+@pytest.mark.parametrize("backend", backend_params(["torch_cpu", "torch"]))
+@pytest.mark.parametrize("kind", ["gelu_tanh", "silu", "swiglu", "geglu_erf"])
+def test_torch_autograd_matches_torch(backend, kind):
+    """fusedkit.torch activations: values and gradients (x and bias) against torch's own ops."""
+    torch = pytest.importorskip("torch")
+    import fusedkit.torch as ft
+    F = torch.nn.functional
+    dev = "cuda" if backend == "torch" else "cpu"
+    g = torch.Generator().manual_seed(zlib.crc32(kind.encode()))
+    x = (torch.randn(5, 3, 48, generator=g) * 2).to(dev).requires_grad_(True)
+    b = (torch.randn(48, generator=g) * 0.5).to(dev).requires_grad_(True)
+    approx = "tanh" if kind.endswith("tanh") else "none"
+
+    def theirs(x_, b_):
+        h = x_ + b_
+        if kind.startswith("gelu"):
+            return F.gelu(h, approximate=approx)
+        if kind == "silu":
+            return F.silu(h)
+        a, gate = h.chunk(2, dim=-1)
+        return (F.silu(a) if kind == "swiglu" else F.gelu(a, approximate=approx)) * gate
+
+    def ours(x_, b_):
+        if kind.startswith("gelu"):
+            return ft.gelu(x_, b_, approximate=approx)
+        if kind == "geglu_erf":
+            return ft.geglu(x_, b_, approximate="none")
+        return getattr(ft, kind)(x_, b_)
+    y1, y2 = ours(x, b), theirs(x, b)
+    dy = torch.randn(y2.shape, generator=g).to(dev)
+    g1 = torch.autograd.grad(y1, (x, b), dy)
+    g2 = torch.autograd.grad(y2, (x, b), dy)
+    torch.testing.assert_close(y1, y2, rtol=2e-5, atol=2e-5)
+    for a_, b2 in zip(g1, g2):
+        torch.testing.assert_close(a_, b2, rtol=2e-4, atol=2e-4)

@@ -6,11 +6,16 @@ the CUDA kernels on CUDA tensors (on torch's current stream) and the CPU referen
 ``LayerNorm`` and ``RMSNorm`` are ``nn.Module``s normalizing over the last dimension, with the
 parameter names of ``torch.nn.LayerNorm`` / ``torch.nn.RMSNorm`` (``weight``, ``bias``).
 
+``gelu``, ``silu``, ``relu``, ``squared_relu``, ``swiglu``, ``geglu`` and ``reglu`` are differentiable
+activations (x and bias) over ``fusedkit.activations``.
+
 Importing ``fusedkit`` does not import torch; only ``fusedkit.torch`` does.
 """
 from __future__ import annotations
 
+from ._activations import geglu, gelu, reglu, relu, silu, squared_relu, swiglu
 from ._functions import layer_norm, rms_norm
 from ._modules import LayerNorm, RMSNorm
 
-__all__ = ["layer_norm", "rms_norm", "LayerNorm", "RMSNorm"]
+__all__ = ["layer_norm", "rms_norm", "LayerNorm", "RMSNorm", "gelu", "silu", "relu", "squared_relu",
+           "swiglu", "geglu", "reglu"]
