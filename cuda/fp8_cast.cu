@@ -29,8 +29,12 @@
 // the end of a row counts only its real elements (as the zero-padded reference does). Rows are walked
 // warp by warp (grid-stride on whole warps, so the shuffles always see full warps). Bytes: 2MK read,
 // MK written, plus MK / BLOCK scales.
+// fp8_quantize_blocks_2d<T, F, VEC>: 128 x 128 blocks (DeepSeek weights): one block of 256 threads per
+// tile, 16 threads x 8 elements per tile row, 16 rows per pass, the tile's 64 values per thread kept in
+// registers; amax by shuffles and one shared-memory round; scale = 2^floor(log2(fp8_max / amax)) (1
+// for an all-zero tile), fp32 scale_inv per tile. Bytes 2MK read + MK written.
 // Status: fp8_quantize and fp8_amax are byte-exact on the H200 (tests/test_fp8_quantize.py);
-// fp8_cast_transpose and fp8_quantize_blocks are compile-checked; their byte-exact GPU tests
+// fp8_cast_transpose and fp8_quantize_blocks(_2d) are compile-checked; their byte-exact GPU tests
 // (tests/test_fp8_cast_transpose.py, tests/test_fp8_blocks.py) have not run yet.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
@@ -161,6 +165,56 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
       store_vec<unsigned char, 8>(out + row * K + col0, q8);
     } else {
       for (int j = 0; j < 8 && col0 + j < K; ++j) out[row * K + col0 + j] = q8.v[j];
+    }
+  }
+}
+
+template <typename T, typename F, int VEC>
+__global__ void __launch_bounds__(256)
+fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out, float* __restrict__ scale_inv,
+                       long long M, int K) {
+  constexpr int PASSES = 8;  // 128 rows / 16 rows per pass
+  const int tc = (threadIdx.x & 15) * 8, tr = threadIdx.x >> 4;
+  const long long r0 = (long long)blockIdx.y * 128;
+  const int c = blockIdx.x * 128 + tc;
+  float v[PASSES][8];
+  float am = 0.f;
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const long long r = r0 + tr + 16 * p;
+    if (VEC == 8 && r < M && c < K) {  // K % 8 == 0: the 8 elements are all in the row
+      const Vec<T, 8> a = load_vec<T, 8>(x + r * K + c);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[p][j] = to_float(a.v[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[p][j] = (r < M && c + j < K) ? to_float(x[r * K + c + j]) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(v[p][j]));
+  }
+  __shared__ float part[8];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = am;
+  __syncthreads();
+  am = part[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) am = fmaxf(am, part[i]);
+  float q = am > 0.f ? __fdiv_rn(F::MAX, am) : 1.f;
+  if (isinf(q)) q = 3.402823466e38f;
+  const float scale = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
+  if (threadIdx.x == 0) scale_inv[blockIdx.y * (long long)gridDim.x + blockIdx.x] = __fdiv_rn(1.f, scale);
+  float unused_amax = 0.f;
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const long long r = r0 + tr + 16 * p;
+    if (r >= M || c >= K) continue;
+    const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v[p], scale, unused_amax);
+    if (VEC == 8) {
+      store_vec<unsigned char, 8>(out + r * K + c, q8);
+    } else {
+      for (int j = 0; j < 8 && c + j < K; ++j) out[r * K + c + j] = q8.v[j];
     }
   }
 }

@@ -69,3 +69,20 @@ def test_block_scaling_bad_input():
         fk.quantize(x, recipe=fp8.MXFP8Scaling(), scale=1.0)
     with pytest.raises(ValueError, match="32 elements"):
         fk.quantize(x, recipe=fp8.MXFP8Scaling(block=16))
+
+
+@pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (128, 128), (130, 300), (257, 1024)], ids=str)
+def test_block_128x128_matches_reference(backend, dtype, fmt, shape):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("b2d", backend, dtype, fmt, shape)
+    x = _blocky(rng, shape, dtype, fp8.as_format(fmt).max)
+    t = fk.quantize(to_backend(x, backend), fmt=fmt, recipe=fp8.BlockScaling(), weight=True)
+    data, sinv = ref.quantize_blockwise(x, (128, 128), fmt)
+    assert t.mode == "block" and t.block == (128, 128)
+    same_bytes(to_numpy(t.data), data, fmt)
+    got = np.asarray(to_numpy(t.scale_inv), np.float32)
+    assert got.shape == sinv.shape
+    np.testing.assert_array_equal(got.view(np.uint32), sinv.view(np.uint32))

@@ -1,5 +1,5 @@
 """Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
-without vector paths, MXFP8 and 1x128 blocks, the scale update) and the activation kernels (forward,
+without vector paths, MXFP8, 1x128 and 128x128 blocks, the scale update) and the activation kernels (forward,
 FP8 forward, backward; gated and not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a
 result that differs from the CPU reference (activations: beyond a loose tolerance)."""
 import cupy
@@ -35,6 +35,8 @@ for dtype in ("float32", "float16"):
         check(f"mxfp8 {dtype} {shape}", t.scale_inv.get(), ref.quantize_mxfp8(x, "e4m3")[1])
         t = fk.quantize(X, fmt="e4m3", recipe=fp8.BlockScaling())
         check(f"1x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (1, 128), "e4m3")[0])
+        t = fk.quantize(X, fmt="e4m3", recipe=fp8.BlockScaling(), weight=True)
+        check(f"128x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (128, 128), "e4m3")[0])
 h = np.abs(rng.standard_normal((16, 100))).astype(np.float32)
 s = np.ones(100, np.float32)
 H, S = cupy.asarray(h), cupy.asarray(s)

@@ -100,6 +100,18 @@ def update_scales(history, scale, scale_inv, L, n, fp8_max, margin, most_recent,
        fp8_max, 2.0 ** margin, int(most_recent))
 
 
+def blocks_2d_expr(x_dt, fmt, vec) -> str:
+    return f"fk::fp8_quantize_blocks_2d<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}>"
+
+
+def quantize_blocks_2d(x, out, scale_inv, M, K, x_dt, fmt, device, stream):
+    """128 x 128 block scaling of x (M x K): bytes and one fp32 scale_inv per tile (row-major tiles)."""
+    vec = 8 if K % 8 == 0 and x % (8 * ITEMSIZE[x_dt]) == 0 else 1
+    grid = (-(-K // 128), -(-M // 128))
+    _launcher(blocks_2d_expr(x_dt, fmt, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+                                                              x, out, scale_inv, M, K)
+
+
 _launchers: dict = {}
 
 
@@ -122,7 +134,8 @@ def all_expressions():
                     for vt in (1, 8):
                         exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
         for fmt in FMT_CXX:
-            for mx in (False, True):
-                for bvec in (1, 8):
+            for bvec in (1, 8):
+                exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
+                for mx in (False, True):
                     exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
     return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"]}

@@ -30,14 +30,16 @@ def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
     return quantize(x, fmt=fmt, scale=scale, recipe=recipe, transpose=True)
 
 
-def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor:
+def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=False) -> FP8Tensor:
     """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling;
-    ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M))."""
+    ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M)). With ``recipe`` an
+    ``MXFP8Scaling`` or a ``BlockScaling``, block-scaled bytes and per-block scales; ``weight=True``
+    takes a BlockScaling's weight blocks (128 x 128) instead of its activation blocks (1 x 128)."""
     f = as_format(fmt)
     if isinstance(recipe, (MXFP8Scaling, BlockScaling)):
         if scale is not None or transpose:
             raise ValueError("fusedkit.quantize: block-scaled recipes take no `scale` and no `transpose`")
-        return _quantize_blocks(x, f, recipe)
+        return _quantize_blocks(x, f, recipe, weight)
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError("fusedkit.quantize: recipe must be CurrentScaling, MXFP8Scaling or BlockScaling; "
                         "for delayed scaling pass the scale from your amax history as `scale=`")
@@ -88,11 +90,12 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8T
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
 
-def _quantize_blocks(x, f, recipe) -> FP8Tensor:
-    """Block scaling along the last dim: MXFP8 (32-element blocks, E8M0 scale bytes) or 1 x 128 blocks
-    (fp32 power-of-two scale_inv per block); 128 x 128 weight blocks on host arrays only so far."""
+def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
+    """Block scaling: MXFP8 (32-element blocks along the last dim, E8M0 scale bytes), 1 x 128 blocks
+    (activations and gradients) or 128 x 128 blocks (weights, ``weight=True``), fp32 power-of-two
+    scale_inv per block."""
     mx = isinstance(recipe, MXFP8Scaling)
-    block = recipe.block if mx else recipe.activation_block
+    block = recipe.block if mx else (recipe.weight_block if weight else recipe.activation_block)
     if mx and block != 32:
         raise ValueError(f"fusedkit.quantize: MXFP8 blocks are 32 elements, got {block}")
     kind = _interop.framework(x)
@@ -106,9 +109,9 @@ def _quantize_blocks(x, f, recipe) -> FP8Tensor:
                          mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
     if kind == _interop.JAX:
         raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
-    if not mx and tuple(block) != (1, 128):
-        raise NotImplementedError(f"fusedkit.quantize: {tuple(block)} blocks run on host arrays only so far; "
-                                  f"on the GPU use BlockScaling's 1 x 128 activation blocks")
+    if not mx and tuple(block) not in ((1, 128), (128, 128)):
+        raise ValueError(f"fusedkit.quantize: block scaling supports 1 x 128 and 128 x 128 blocks on the GPU, "
+                         f"got {tuple(block)}")
     from ..backends import cuda_fp8
 
     X = _interop.view(x, kind, "x")
@@ -118,6 +121,12 @@ def _quantize_blocks(x, f, recipe) -> FP8Tensor:
     M = X.size // K if K else 0
     bpr = -(-K // (32 if mx else 128))
     data, dp = _interop.empty(kind, X, X.shape, "uint8")
+    if not mx and tuple(block) == (128, 128):
+        sc, sp = _interop.empty(kind, X, (-(-M // 128), bpr), "float32")
+        if M and K:
+            cuda_fp8.quantize_blocks_2d(X.ptr, dp, sp, M, K, X.dtype, f.name, X.device,
+                                        _interop.stream(kind, X.device))
+        return FP8Tensor(data, sc, f, mode="block", block=(128, 128))
     sc, sp = _interop.empty(kind, X, tuple(X.shape[:-1]) + (bpr,), "uint8" if mx else "float32")
     if M and K:
         cuda_fp8.quantize_blocks(X.ptr, dp, sp, M, K, X.dtype, f.name, mx, X.device,
