@@ -60,6 +60,32 @@ def _jax_on_gpu(x) -> bool:
         return True
 
 
+# Frameworks whose arrays run on the CPU backend, and the two JAX kinds (traced / GPU, and CPU).
+HOST_KINDS = (HOST, "torch_cpu", "jax_cpu", "dlpack")
+JAX_KINDS = (JAX, "jax_cpu")
+
+
+def check_same_framework(kind: str, named) -> None:
+    """Raises TypeError when any (name, array) of a call is not of framework ``kind`` (JAX CPU and GPU
+    arrays mix: a traced call may close over concrete CPU constants)."""
+    for name, a in named:
+        if a is None:
+            continue
+        k = framework(a)
+        if k != kind and not (kind in JAX_KINDS and k in JAX_KINDS):
+            raise TypeError(f"fusedkit: `{name}` is a {k} array but `x` is {kind}; "
+                            f"pass all arrays of one call from one framework and device")
+
+
+def run_on_host(fn, kind: str, arrays, kwargs):
+    """``fn`` (a CPU reference) on host arrays of framework ``kind``; results in that framework."""
+    conv = [None if a is None else to_numpy(a, kind) for a in arrays]
+    out = fn(*conv, **kwargs)
+    if isinstance(out, tuple):
+        return tuple(from_numpy(o, kind) for o in out)
+    return from_numpy(out, kind)
+
+
 # ----------------------------------------------------------------------------------------------------
 # host conversions (torch CPU tensors, JAX CPU arrays <-> NumPy)
 

@@ -75,5 +75,6 @@ class Launcher:
 
 
 def stream_ptr(stream) -> int:
-    """A raw stream pointer from an int, or from a CuPy stream object (``.ptr``)."""
-    return stream if isinstance(stream, int) else stream.ptr
+    """A raw stream pointer from a CuPy stream object (``.ptr``) or anything int-like (torch's and
+    XLA's raw pointers)."""
+    return stream.ptr if hasattr(stream, "ptr") else int(stream)

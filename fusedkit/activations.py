@@ -10,7 +10,6 @@ dim) is added to the input first (TE's bias-GeLU fusion). Math in fp32, one roun
 from __future__ import annotations
 
 from . import _dtypes, _interop
-from .norms import _HOST_KINDS, _check_same_framework, _host
 from .reference import activations as _ref
 
 _GELU = {"tanh": "gelu_tanh", "none": "gelu_erf", "erf": "gelu_erf"}
@@ -40,16 +39,16 @@ def _validate(x, bias, kind):
 
 def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     kind_call = _interop.framework(x)
-    _check_same_framework(kind_call, (("bias", bias),))
+    _interop.check_same_framework(kind_call, (("bias", bias),))
     x_dt, N = _validate(x, bias, kind)
     if fp8_fmt is not None or fp8_scale is not None:
         if fp8_fmt is None or fp8_scale is None or out_dtype is not None:
             raise ValueError("fusedkit: FP8 output needs both fp8_fmt and fp8_scale, and no out_dtype")
         return _forward_fp8(x, kind, bias, fp8_fmt, fp8_scale, kind_call, x_dt, N)
     o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
-    if kind_call in _HOST_KINDS:
-        return _host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)), kind_call,
-                     (x, bias), {})
+    if kind_call in _interop.HOST_KINDS:
+        return _interop.run_on_host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)),
+                                    kind_call, (x, bias), {})
     if kind_call == _interop.JAX:
         from .jax import _prims
         return _prims.act_forward(x, bias, kind, o_dt)
@@ -76,7 +75,7 @@ def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
     from .fp8.tensor import FP8Tensor
     from .reference import fp8 as _ref_fp8
     f = as_format(fmt)
-    if kind_call in _HOST_KINDS:
+    if kind_call in _interop.HOST_KINDS:
         xa = _interop.to_numpy(x, kind_call)
         ba = _interop.to_numpy(bias, kind_call) if bias is not None else None
         y32 = _ref.forward(xa, kind, ba, np.float32)
@@ -109,15 +108,16 @@ def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
 
 def _backward(dy, x, kind, bias=None):
     kind_call = _interop.framework(x)
-    _check_same_framework(kind_call, (("dy", dy), ("bias", bias)))
+    _interop.check_same_framework(kind_call, (("dy", dy), ("bias", bias)))
     x_dt, N = _validate(x, bias, kind)
     H = N // 2 if kind in _ref.GATED else N
     want = tuple(x.shape[:-1]) + (H,)
     if tuple(dy.shape) != want or _dtypes.canonical(dy.dtype) != x_dt:
         raise ValueError(f"fusedkit: `dy` must be {x_dt} of shape {want} (the forward's output), got "
                          f"{tuple(dy.shape)} {_dtypes.canonical(dy.dtype)}")
-    if kind_call in _HOST_KINDS:
-        return _host(lambda d_, x_, b_: _ref.backward(d_, x_, kind, b_), kind_call, (dy, x, bias), {})
+    if kind_call in _interop.HOST_KINDS:
+        return _interop.run_on_host(lambda d_, x_, b_: _ref.backward(d_, x_, kind, b_), kind_call,
+                                    (dy, x, bias), {})
     if kind_call == _interop.JAX:
         from .jax import _prims
         return _prims.act_backward(dy, x, bias, kind)

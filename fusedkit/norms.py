@@ -9,10 +9,10 @@ from . import _dtypes, _interop
 from . import reference as _ref
 from ._interop import CUPY, JAX, TORCH, framework
 
-_HOST_KINDS = ("host", "torch_cpu", "jax_cpu", "dlpack")
-
-
-_JAX_KINDS = (JAX, "jax_cpu")
+_HOST_KINDS = _interop.HOST_KINDS
+_JAX_KINDS = _interop.JAX_KINDS
+_check_same_framework = _interop.check_same_framework
+_host = _interop.run_on_host
 
 
 def _kind_of_call(x, others):
@@ -22,16 +22,6 @@ def _kind_of_call(x, others):
     if kind in _JAX_KINDS and any(a is not None and framework(a) == JAX for a in others):
         return JAX
     return kind
-
-
-def _check_same_framework(kind, named):
-    for name, a in named:
-        if a is None:
-            continue
-        k = framework(a)
-        if k != kind and not (kind in _JAX_KINDS and k in _JAX_KINDS):
-            raise TypeError(f"fusedkit: `{name}` is a {k} array but `x` is {kind}; "
-                            f"pass all arrays of one call from one framework and device")
 
 
 def _dt(a) -> str:
@@ -65,14 +55,6 @@ def _validate(x, weight, bias, residual, out_dtype):
                              f"{x_dt}, got {tuple(residual.shape)} {_dt(residual)}")
     o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
     return x_dt, w_dt, o_dt, N
-
-
-def _host(fn, kind, arrays, kwargs):
-    conv = [None if a is None else _interop.to_numpy(a, kind) for a in arrays]
-    out = fn(*conv, **kwargs)
-    if isinstance(out, tuple):
-        return tuple(_interop.from_numpy(o, kind) for o in out)
-    return _interop.from_numpy(out, kind)
 
 
 def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms):

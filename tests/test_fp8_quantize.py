@@ -88,3 +88,20 @@ def test_dequantize_host():
     back = fk.dequantize(t)
     assert back.dtype == np.float32
     assert np.linalg.norm(back - x) / np.linalg.norm(x) < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 3], ids=lambda o: f"offset{o}")
+def test_misaligned_input_is_exact(offset):
+    """A contiguous view starting off a 16-byte boundary takes narrower vectors, not a fault."""
+    torch = pytest.importorskip("torch")
+    rng = rng_for("qmis", offset)
+    x = awkward(rng, (33 * 96 + offset,), "bfloat16", 448.0)
+    X = to_backend(x, "torch")[offset:].view(33, 96)
+    xs = x[offset:].reshape(33, 96)
+    for t in (fk.quantize(X, fmt="e4m3", scale=0.37), fk.cast_transpose(X, fmt="e4m3", scale=0.37)):
+        data, _, amax = ref.quantize_delayed(xs, F32(0.37), "e4m3")
+        same_bytes(to_numpy(t.data), data, "e4m3")
+        assert F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0]) == amax
+    t = fk.quantize(X, fmt="e4m3", recipe=fp8.MXFP8Scaling())
+    np.testing.assert_array_equal(np.asarray(to_numpy(t.scale_inv), np.uint8), ref.quantize_mxfp8(xs, "e4m3")[1])

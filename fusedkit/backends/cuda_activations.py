@@ -1,23 +1,14 @@
 """CUDA launches for the activations (kernels in cuda/activations.cu). Pointers in, no syncs."""
 from __future__ import annotations
 
-from functools import lru_cache
-
-from .. import _jit
 from .._dtypes import CXX, ITEMSIZE
-from .._launch import Launcher, stream_ptr
+from .._launch import stream_ptr
+from ._common import align_elems, grid_stride_blocks, launcher, vec_width  # noqa: F401 (vec_width: registry)
 
 FILE = "activations.cu"
 THREADS = 256
 ACT_ID = {"gelu_tanh": 0, "gelu_erf": 1, "silu": 2, "relu": 3, "squared_relu": 4}
 GATED = {"swiglu": "silu", "geglu_tanh": "gelu_tanh", "geglu_erf": "gelu_erf", "reglu": "relu"}
-
-
-def vec_width(H: int, itemsize: int, max_vec: int = 16) -> int:
-    v = min(16 // itemsize, max_vec)
-    while H % v:
-        v //= 2
-    return v
 
 
 def _act(kind):
@@ -43,49 +34,31 @@ def bwd_expr(x_dt, kind, vec) -> str:
     return f"fk::act_bwd<{CXX[x_dt]}, {a}, {'true' if g else 'false'}, {vec}>"
 
 
-@lru_cache(maxsize=None)
-def _grid_cap(device: int) -> int:
-    import cupy
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"] * 8
-
-
-_launchers: dict = {}
-
-
-def _launcher(expr, codes, device) -> Launcher:
-    key = (expr, device)
-    fn = _launchers.get(key)
-    if fn is None:
-        fn = _launchers[key] = Launcher(_jit.get_kernel(FILE, expr, device).kernel, codes, device)
-    return fn
-
-
 def _vec(H, x_dt, ptrs_sizes):
-    from .cuda_norms import align_elems
     return vec_width(H, ITEMSIZE[x_dt], align_elems(ptrs_sizes))
 
 
 def forward(x, bias, y, M, H, x_dt, o_dt, kind, device, stream):
     """y (M x H) = act(x + bias), or act(a) * g for gated kinds (x is M x 2H)."""
     vec = _vec(H, x_dt, ((x, ITEMSIZE[x_dt]), (bias, ITEMSIZE[x_dt]), (y, ITEMSIZE[o_dt])))
-    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
-    _launcher(fwd_expr(x_dt, o_dt, kind, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+    grid = grid_stride_blocks(M * (H // vec), THREADS, device)
+    launcher(FILE, fwd_expr(x_dt, o_dt, kind, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
                                                                 x, bias, y, M, H)
 
 
 def forward_fp8(x, bias, y, scale, scale_inv, amax, M, H, x_dt, fmt, kind, device, stream):
     """FP8 bytes y (M x H) = sat(act(...) * scale); amax (zeroed by the caller) and scale_inv written."""
     vec = _vec(H, x_dt, ((x, ITEMSIZE[x_dt]), (bias, ITEMSIZE[x_dt]), (y, 1)))
-    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
-    _launcher(fwd_fp8_expr(x_dt, fmt, kind, vec), "ppppppqi", device)(
+    grid = grid_stride_blocks(M * (H // vec), THREADS, device)
+    launcher(FILE, fwd_fp8_expr(x_dt, fmt, kind, vec), "ppppppqi", device)(
         grid, (THREADS, 1), 0, stream_ptr(stream), x, bias, y, scale, scale_inv, amax, M, H)
 
 
 def backward(dy, x, bias, dx, M, H, x_dt, kind, device, stream):
     s = ITEMSIZE[x_dt]
     vec = _vec(H, x_dt, ((x, s), (bias, s), (dy, s), (dx, s)))
-    grid = max(1, min(-(-(M * (H // vec)) // THREADS), _grid_cap(device)))
-    _launcher(bwd_expr(x_dt, kind, vec), "ppppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+    grid = grid_stride_blocks(M * (H // vec), THREADS, device)
+    launcher(FILE, bwd_expr(x_dt, kind, vec), "ppppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
                                                             dy, x, bias, dx, M, H)
 
 

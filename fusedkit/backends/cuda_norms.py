@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from .. import _env, _jit
 from .._launch import Launcher, stream_ptr
+from ._common import align_elems, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
 
 FILE = "norms.cu"
@@ -47,27 +48,6 @@ TUNED_STAGED: dict = {
 }
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
-
-
-def vec_width(N: int, itemsize: int, max_vec: int = 16) -> int:
-    """Elements per vector access: 16 bytes when N (and the pointers' alignment, max_vec elements)
-    allow, else the largest power of two that divides both."""
-    v = min(16 // itemsize, max_vec)
-    while N % v:
-        v //= 2
-    return v
-
-
-def align_elems(pairs) -> int:
-    """Largest power-of-two element count (at most 16) every (pointer, element size) pair is aligned
-    to; null pointers are ignored."""
-    a = 16
-    for ptr, size in pairs:
-        if ptr:
-            low = ptr & -ptr
-            while a > 1 and low < a * size:
-                a //= 2
-    return a
 
 
 def _rows_config(N, itemsize, max_items, max_warps, direction, rms, max_vec=16):
@@ -156,12 +136,6 @@ def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
 
 def colsum_expr(w_dt) -> str:
     return f"fk::column_sum<{CXX[w_dt]}>"
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    import cupy
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 _occ: dict = {}
@@ -253,7 +227,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16):
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
-    fit = _sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
+    fit = sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
     colsum = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel, "pqip", device)
     _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)

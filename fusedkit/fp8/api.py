@@ -22,7 +22,7 @@ from .formats import as_format
 from .recipes import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, delayed_scale, update_amax_history
 from .tensor import FP8Tensor
 
-_HOST = ("host", "torch_cpu", "jax_cpu", "dlpack")
+_HOST = _interop.HOST_KINDS
 
 
 def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:

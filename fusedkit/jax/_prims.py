@@ -45,17 +45,6 @@ def _ptr(buf) -> int:
     return 0 if buf is None else buf.__cuda_array_interface__["data"][0]
 
 
-_streams: dict = {}
-
-
-def _stream(ptr: int, device: int):
-    s = _streams.get((ptr, device))
-    if s is None:
-        import cupy
-        s = _streams[(ptr, device)] = cupy.cuda.ExternalStream(ptr, device)
-    return s
-
-
 # ----------------------------------------------------------------------------------------------------
 # platform
 
@@ -171,7 +160,7 @@ def _fwd_callable(platform: str, key):
         with cupy.cuda.Device(dev):
             cuda_norms.forward(_ptr(x), _ptr(res), _ptr(w), _ptr(b), _ptr(y_o), _ptr(h_o), _ptr(mean_o),
                                _ptr(rstd_o), M, N, x_dt, w_dt, o_dt, eps, int(zc), rms, dev,
-                               _stream(ctx.stream, dev))
+                               ctx.stream)
 
     return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _fwd_results(key), vmap_method=_VMAP)
 
@@ -257,7 +246,7 @@ def _bwd_callable(platform: str, key, P: int, error: str | None = None):
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
             cuda_norms.backward(_ptr(dy), _ptr(x), _ptr(w), _ptr(mean), _ptr(rstd), _ptr(dx_o), _ptr(dw_o),
-                                _ptr(db_o), M, N, x_dt, w_dt, int(zc), rms, dev, _stream(ctx.stream, dev),
+                                _ptr(db_o), M, N, x_dt, w_dt, int(zc), rms, dev, ctx.stream,
                                 alloc_f32)
 
     call = buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, results, vmap_method=_VMAP)
@@ -306,7 +295,7 @@ def _act_fwd_callable(platform: str, key):
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
             cuda_activations.forward(_ptr(x), _ptr(b), _ptr(out), M, H, x_dt, o_dt, kind, dev,
-                                     _stream(ctx.stream, dev))
+                                     ctx.stream)
 
     return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape[:-1] + (H,), o_dt),
                            vmap_method=_VMAP)
@@ -329,6 +318,6 @@ def _act_bwd_callable(platform: str, key):
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
             cuda_activations.backward(_ptr(dy), _ptr(x), _ptr(b), _ptr(out), M, H, x_dt, kind, dev,
-                                      _stream(ctx.stream, dev))
+                                      ctx.stream)
 
     return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, x_dt), vmap_method=_VMAP)

@@ -1,0 +1,53 @@
+"""What every CUDA launcher module shares: vector widths under pointer alignment, the SM count, the
+grid of a grid-stride kernel, and memoized ``Launcher``s (fusedkit/_launch.py) per kernel."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import _jit
+from .._launch import Launcher
+
+
+def vec_width(n: int, itemsize: int, max_vec: int = 16) -> int:
+    """Elements per vector access: 16 bytes when n (and the pointers' alignment, max_vec elements)
+    allow, else the largest power of two that divides both."""
+    v = min(16 // itemsize, max_vec)
+    while n % v:
+        v //= 2
+    return v
+
+
+def align_elems(pairs) -> int:
+    """Largest power-of-two element count (at most 16) every (pointer, element size) pair is aligned
+    to; null pointers are ignored."""
+    a = 16
+    for ptr, size in pairs:
+        if ptr:
+            low = ptr & -ptr
+            while a > 1 and low < a * size:
+                a //= 2
+    return a
+
+
+@lru_cache(maxsize=None)
+def sm_count(device: int) -> int:
+    import cupy
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def grid_stride_blocks(work: int, threads: int, device: int, per_sm: int = 8) -> int:
+    """Blocks for a grid-stride kernel over ``work`` items, one per thread: enough to cover them, at
+    most ``per_sm`` blocks per SM."""
+    return max(1, min(-(-work // threads), sm_count(device) * per_sm))
+
+
+_launchers: dict = {}
+
+
+def launcher(file: str, expr: str, codes: str, device: int) -> Launcher:
+    """The Launcher of kernel ``expr`` of ``cuda/<file>`` on ``device`` (compiled and loaded once)."""
+    key = (file, expr, device)
+    fn = _launchers.get(key)
+    if fn is None:
+        fn = _launchers[key] = Launcher(_jit.get_kernel(file, expr, device).kernel, codes, device)
+    return fn
