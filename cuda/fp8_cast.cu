@@ -23,7 +23,8 @@
 // fp8_quantize_blocks<T, F, BLOCK, VEC, MX>: block scaling along the last dim of x (rows of K): MXFP8
 // (BLOCK = 32, MX = true: E8M0 scale byte e + 127, e = ceil(log2(amax / fp8_max)) clamped to
 // [-127, 127], data = sat(x * 2^-e)) or 1 x 128 blocks (BLOCK = 128, MX = false: fp32 scale_inv,
-// scale = 2^floor(log2(fp8_max / amax)), 1 for an all-zero block, data = sat(x * scale)). Each thread
+// scale = 2^floor(log2(fp8_max / amax)), 1 for an all-zero block or one holding inf (TE's rule),
+// data = sat(x * scale)). Each thread
 // owns 8 consecutive elements of a row (one 16-byte vector for 2-byte input; VEC = 1 when K % 8 != 0),
 // BLOCK / 8 neighbouring lanes share one block and reduce its amax with shuffles; a partial block at
 // the end of a row counts only its real elements (as the zero-padded reference does). Rows are walked
@@ -152,7 +153,7 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
       if (active && (chunk % LANES) == 0)
         static_cast<unsigned char*>(scales)[row * blocks_per_row + chunk / LANES] = (unsigned char)(e + 127);
     } else {
-      float q = am > 0.f ? __fdiv_rn(F::MAX, am) : 1.f;
+      float q = (am > 0.f && !isinf(am)) ? __fdiv_rn(F::MAX, am) : 1.f;  // zero or inf block: 1
       if (isinf(q)) q = 3.402823466e38f;
       mul = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
       if (active && (chunk % LANES) == 0)
@@ -201,7 +202,7 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
   am = part[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) am = fmaxf(am, part[i]);
-  float q = am > 0.f ? __fdiv_rn(F::MAX, am) : 1.f;
+  float q = (am > 0.f && !isinf(am)) ? __fdiv_rn(F::MAX, am) : 1.f;  // zero or inf tile: 1
   if (isinf(q)) q = 3.402823466e38f;
   const float scale = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
   if (threadIdx.x == 0) scale_inv[blockIdx.y * (long long)gridDim.x + blockIdx.x] = __fdiv_rn(1.f, scale);

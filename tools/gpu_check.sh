@@ -11,6 +11,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+# Every stage ends inside BUDGET seconds (default 540) so the summary always prints inside a 600 s call.
+deadline=$((SECONDS + ${BUDGET:-540}))
+left() { local l=$((deadline - SECONDS)); [ "$l" -gt "${1:-100000}" ] && l=${1}; [ "$l" -lt 5 ] && l=5; echo "$l"; }
 has() { case ",$STAGES," in *",$1,"*) return 0;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 -m fusedkit info | tee "$OUT/info.txt"
@@ -33,27 +36,32 @@ fi
 
 pids=()
 if has test; then
-  ( timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+  ( timeout $(left ${TEST_TIMEOUT:-420}) python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
 fi
 if has sanitize; then
   ( for tool in memcheck racecheck; do
-      timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_norms.py > "$OUT/$tool.log" 2>&1
+      timeout $(left 200) compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_norms.py > "$OUT/$tool.log" 2>&1
       echo "$tool rc=$?" >> "$OUT/$tool.log"
-      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_fp8.py >> "$OUT/$tool.log" 2>&1
+      timeout $(left 150) compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_fp8.py >> "$OUT/$tool.log" 2>&1
       echo "$tool fp8 rc=$?" >> "$OUT/$tool.log"
     done ) & pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 
-if has sweep; then timeout ${SWEEP_TIMEOUT:-300} python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
+if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
 if has bench; then
-  timeout 420 python3 -m fusedkit bench --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
+  timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
 fi
 if has asv; then
-  ( [ -d .git ] || { git init -q && git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; }
-    cd asv_bench && python3 -m asv machine --yes > "$OUT/asv.log" 2>&1
-    timeout 300 python3 -m asv run --python=same --quick --show-stderr >> "$OUT/asv.log" 2>&1
+  # The device copy has no .git: rebuild main's history from the carried bundle (tools/gpu_bundle.sh)
+  # so asv files the results under the real commit; the benchmarks run on the working tree.
+  ( if [ ! -d .git ]; then
+      git init -q && if [ -f .gitbundle/main.bundle ]; then git fetch -q .gitbundle/main.bundle main:main && git symbolic-ref HEAD refs/heads/main && git reset -q;
+      else git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; fi
+    fi
+    cd asv_bench && python3 -m asv machine --yes --machine h200 > "$OUT/asv.log" 2>&1
+    timeout $(left 300) python3 -m asv run --python=same --machine h200 --set-commit-hash=$(git rev-parse HEAD) --show-stderr >> "$OUT/asv.log" 2>&1
     echo "asv run rc=$?" >> "$OUT/asv.log"; python3 -m asv publish >> "$OUT/asv.log" 2>&1; echo "asv publish rc=$?" >> "$OUT/asv.log"
     tar czf "$OUT/asv_results.tgz" results html 2>/dev/null )
 fi

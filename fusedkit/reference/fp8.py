@@ -86,7 +86,7 @@ def quantize_mxfp8(x, fmt="e4m3", block=32):
     b, K = _blocks_last(xf, block)
     with np.errstate(invalid="ignore"):
         am = np.nanmax(np.abs(b), axis=-1) if b.size else np.zeros(b.shape[:-1], F32)
-    am = np.nan_to_num(am, nan=0.0).astype(F32)
+    am = np.nan_to_num(am, nan=0.0, posinf=np.inf).astype(F32)  # NaN ignored; inf kept (-> e = 127)
     with np.errstate(divide="ignore", over="ignore"):
         e = np.where(am > 0, pow2_ceil_exponent(np.maximum(am / F32(f.max), np.finfo(F32).tiny)), -127)
     e = np.where(np.isinf(am), 127, e)
@@ -107,7 +107,8 @@ def mxfp8_dequantize(data, scales, fmt="e4m3", block=32, dtype=np.float32):
 def quantize_blockwise(x, block=(1, 128), fmt="e4m3"):
     """DeepSeek-style block scaling of a 2-D x: (data, scale_inv of shape (ceil(M/bm), ceil(K/bk))).
 
-    Per block: scale = 2**floor(log2(fp8_max / amax)) (1 for an all-zero block), data = sat(x * scale).
+    Per block: scale = 2**floor(log2(fp8_max / amax)) (1 for an all-zero block or one holding +-inf),
+    data = sat(x * scale).
     """
     f = as_format(fmt)
     xf = np.asarray(x).astype(F32)
@@ -119,9 +120,10 @@ def quantize_blockwise(x, block=(1, 128), fmt="e4m3"):
     xp = np.pad(xf, ((0, pm), (0, pk)))
     t = xp.reshape(xp.shape[0] // bm, bm, xp.shape[1] // bk, bk)
     with np.errstate(invalid="ignore"):
-        am = np.nan_to_num(np.nanmax(np.abs(t), axis=(1, 3)), nan=0.0).astype(F32)
+        am = np.nan_to_num(np.nanmax(np.abs(t), axis=(1, 3)), nan=0.0, posinf=np.inf).astype(F32)
+    ok = (am > 0) & np.isfinite(am)  # all-zero or inf block: scale 1 (Transformer Engine's rule)
     with np.errstate(divide="ignore", over="ignore"):
-        q = np.where(am > 0, F32(f.max) / np.where(am > 0, am, F32(1)), F32(1)).astype(F32)
+        q = np.where(ok, F32(f.max) / np.where(ok, am, F32(1)), F32(1)).astype(F32)
     q = np.where(np.isinf(q), np.finfo(F32).max, q)
     scale = pow2_floor(q)
     with np.errstate(over="ignore", invalid="ignore"):
