@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,bench,asv" bash tools/gpu_check.sh     (default: all but sweep)
+#   STAGES="test,sanitize,jit,sweep,actsweep,bench,asv" bash tools/gpu_check.sh   (default: all but the sweeps)
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
@@ -50,6 +50,7 @@ fi
 for p in "${pids[@]}"; do wait "$p"; done
 
 if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
+if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
   timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
 fi
@@ -68,12 +69,13 @@ fi
 
 # at most 8 files come back: logs in one archive, the results JSON and chart at the top
 ( cd "$OUT" && mv results/*.json results/*.png . 2>/dev/null; rmdir results 2>/dev/null
-  tar czf logs.tgz --remove-files $(ls *.log *.xml *.txt sweep.json 2>/dev/null) 2>/dev/null; rm -rf /tmp/fk_logs; mkdir -p /tmp/fk_logs; tar xzf logs.tgz -C /tmp/fk_logs )
+  tar czf logs.tgz --remove-files $(ls *.log *.xml *.txt sweep*.json 2>/dev/null) 2>/dev/null; rm -rf /tmp/fk_logs; mkdir -p /tmp/fk_logs; tar xzf logs.tgz -C /tmp/fk_logs )
 echo "================ summary ================"
 L=/tmp/fk_logs
 cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
 for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_|MISMATCH" "$L/$t.log" 2>/dev/null | tail -6; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
+grep -E "BEST|rc=" "$L/sweep_act.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
