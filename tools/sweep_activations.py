@@ -2,8 +2,8 @@
 
 For gelu (tanh) and swiglu forward and swiglu backward at the benchmark shapes (bf16), times every
 UNROLL of fusedkit.backends.cuda_activations.UNROLLS against a device copy in the same run; prints
-ms, GB/s, fraction of copy and the best UNROLL per row, and writes JSON to argv[1]. The winner becomes
-cuda_activations.UNROLL.
+ms, GB/s, fraction of copy and the best UNROLL per row, and writes JSON to argv[1]. The winners go into
+cuda_activations.UNROLL_TABLE.
 """
 import json
 import sys

@@ -1,7 +1,8 @@
 """Activations on the CPU (NumPy + Numba for erf), same signatures as ``fusedkit.gelu`` and friends.
 
-Numerics follow cuda/activations.cu: x (and bias) as stored, x + bias and the activation in fp32, one
-rounding to the output dtype. Gated forms (SwiGLU, GeGLU, ReGLU) split the last dim in halves,
+Numerics follow cuda/activations.cu: x (and bias) as stored, x + bias in fp32, the activation as an
+fp32 value (GeLU-tanh and SiLU computed in float64 and rounded once, the value the kernels' fast
+sigmoid approximates to a few ulp), one rounding to the output dtype. Gated forms (SwiGLU, GeGLU, ReGLU) split the last dim in halves,
 ``a, g = x[..., :H], x[..., H:]``, and return ``act(a) * g`` of last dim H (Transformer Engine's layout).
 
 Derivatives (used by the ``*_backward`` functions):
@@ -41,15 +42,29 @@ def erf(x):
     return _erf(np.asarray(x, F32))
 
 
+def _sigmoid64(z):
+    """float64 sigmoid (no overflow warnings: e^-z = inf gives 0)."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-z))
+
+
+def _u64(x):
+    """The tanh argument of the tanh-approximated GeLU, in float64."""
+    x = np.asarray(x, np.float64)
+    return math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+
+
 def act(x, kind):
-    """fp32 activation of fp32 x."""
+    """fp32 activation of fp32 x. GeLU (tanh) and SiLU are evaluated in float64 and rounded once:
+    0.5 x (1 + tanh(u)) in fp32 cancels at x << 0 (thousands of ulp), while the kernels evaluate the
+    same function as x sigmoid(2u), accurate to a few ulp (cuda/common/act.cuh)."""
     with np.errstate(over="ignore", invalid="ignore"):
         if kind == "gelu_tanh":
-            return F32(0.5) * x * (F32(1) + np.tanh(K0 * (x + K1 * x * x * x)))
+            return (np.asarray(x, np.float64) * _sigmoid64(2.0 * _u64(x))).astype(F32)
         if kind == "gelu_erf":
             return F32(0.5) * x * (F32(1) + erf(x * INV_SQRT2))
         if kind == "silu":
-            return x / (F32(1) + np.exp(-x))
+            return (np.asarray(x, np.float64) * _sigmoid64(np.asarray(x, np.float64))).astype(F32)
         if kind == "relu":
             return np.maximum(x, F32(0))
         if kind == "squared_relu":
@@ -61,14 +76,17 @@ def act(x, kind):
 def dact(x, kind):
     """fp32 derivative of the activation at fp32 x."""
     with np.errstate(over="ignore", invalid="ignore"):
-        if kind == "gelu_tanh":
-            t = np.tanh(K0 * (x + K1 * x * x * x))
-            return F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * K0 * (F32(1) + F32(3) * K1 * x * x)
+        if kind == "gelu_tanh":  # float64, rounded once (see act)
+            x64 = np.asarray(x, np.float64)
+            sg = _sigmoid64(2.0 * _u64(x64))
+            du = math.sqrt(2.0 / math.pi) * (1.0 + 3.0 * 0.044715 * x64 * x64)
+            return (sg + 2.0 * x64 * sg * (1.0 - sg) * du).astype(F32)
         if kind == "gelu_erf":
             return F32(0.5) * (F32(1) + erf(x * INV_SQRT2)) + x * np.exp(F32(-0.5) * x * x) * INV_SQRT_2PI
-        if kind == "silu":
-            s = F32(1) / (F32(1) + np.exp(-x))
-            return s * (F32(1) + x * (F32(1) - s))
+        if kind == "silu":  # float64, rounded once (see act)
+            x64 = np.asarray(x, np.float64)
+            sg = _sigmoid64(x64)
+            return (sg * (1.0 + x64 * (1.0 - sg))).astype(F32)
         if kind == "relu":
             return (x > 0).astype(F32)
         if kind == "squared_relu":
