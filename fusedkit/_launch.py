@@ -67,6 +67,15 @@ class Launcher:
             bound.add(cur)
         self._launch_now(grid, block, smem, stream, values)
 
+    def launch_current(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
+        """A launch for callers that know the kernel's device is current (fusedkit/_callcache.py):
+        only binds the thread's context the first time."""
+        bound = getattr(_bound, "devices", None)
+        if bound is None or self.device not in bound:
+            self(grid, block, smem, stream, *values)
+            return
+        self._launch_now(grid, block, smem, stream, values)
+
     def _launch_now(self, grid, block, smem, stream, values) -> None:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         with self._lock:
