@@ -1,4 +1,5 @@
-// fusedkit/cuda/fp8_cast.cu -- FP8 quantization of a contiguous tensor (issue 4, first kernels).
+// fusedkit/cuda/fp8_cast.cu -- FP8 quantization of a contiguous tensor: per-tensor, cast-transpose (with
+// dbias and activation backward fused), MXFP8 (row- and column-wise) and block scaling (issue 4).
 //
 // fp8_quantize<T, F, VEC, CURRENT>: one pass, grid-stride over 16-byte input vectors (VEC = 8 for
 // bf16/fp16, 4 for fp32, 1 for odd sizes). Each element: f = float(x); amax = fmaxf(amax, |f|) (NaN is
@@ -30,16 +31,62 @@
 // the end of a row counts only its real elements (as the zero-padded reference does). Rows are walked
 // warp by warp (grid-stride on whole warps, so the shuffles always see full warps). Bytes: 2MK read,
 // MK written, plus MK / BLOCK scales.
+// fp8_quantize_mx_cols<T, F, VEC>: column-wise MXFP8 (blocks of 32 rows of a column, Transformer
+// Engine's columnwise layout: data in x's (M, N) layout, E8M0 scales (ceil(M / 32), N)); see the kernel.
 // fp8_quantize_blocks_2d<T, F, VEC>: 128 x 128 blocks (DeepSeek weights): one block of 256 threads per
 // tile, 16 threads x 8 elements per tile row, 16 rows per pass, the tile's 64 values per thread kept in
 // registers; amax by shuffles and one shared-memory round; scale = 2^floor(log2(fp8_max / amax)) (1
 // for an all-zero tile), fp32 scale_inv per tile. Bytes 2MK read + MK written.
-// Status: fp8_quantize and fp8_amax are byte-exact on the H200 (tests/test_fp8_quantize.py);
-// fp8_cast_transpose and fp8_quantize_blocks(_2d) are compile-checked; their byte-exact GPU tests
-// (tests/test_fp8_cast_transpose.py, tests/test_fp8_blocks.py) have not run yet.
+// fp8_ct_tile<T, F, ACT, SUMS, VEC>: the fast cast-transpose, also fused with the bias gradient
+// (cast_transpose_dbias) and with an activation's backward (dact_cast_transpose: g = dy * act'(x),
+// ACT from common/act.cuh; ACT = -1 casts x itself). The 64 x 64 kernel above moved every byte through
+// shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
+// loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
+// shared memory:
+//   Thread mapping: a block of 256 threads owns a 128 x 128 tile (one tile per block; with SUMS and a
+//   dbias, 4 tiles down the rows, stride gridDim.y, so the partial sums stay few). Warp w covers rows
+//   32 (w & 3) .. +32 and columns 64 (w >> 2) .. +64 of the tile; lane = 8 rg + cg owns the 8 x 8
+//   sub-tile at rows 8 rg, columns 8 cg of the warp's. Per sub-tile: 8 row loads of 16 B (fp32: 2 x 16
+//   B) issued before any use (128 B in flight per thread; 1024 threads per SM: 128 KB per SM), the cast
+//   (pairs through cvt.rn.satfinite, common/fp8.cuh), 8 row-wise 8-byte stores, an in-register 8 x 8
+//   byte transpose (four 4 x 4 transposes of 8 byte-permutes each), 8 transposed 8-byte stores.
+//   Coalescing: a row-load instruction of a warp reads 4 rows x 128 contiguous bytes; a row-wise store
+//   writes 4 rows x 64 B; a transposed store writes 8 out_t rows x 32 contiguous bytes (the 4 lanes of
+//   a column group: one full sector each), and the 4 row-warps of a block complete each out_t row's
+//   128-byte line of the tile. Why 128 x 128 and not 64 x 256: both output streams then leave the block
+//   as whole 128-byte lines (row-wise 128 B per row, transposed 128 B per out_t row) and the reads are
+//   256 B per row.
+//   Edges: M arbitrary (rows past M are masked; out_t stores narrow to 4 bytes or bytes when M % 8 != 0
+//   and at the last row group); VEC = 8 needs N % 8 == 0 and 16-byte aligned inputs, VEC = 1 loads
+//   scalars (any N, any alignment) and serves cast_transpose_dbias; the plain cast keeps the 64 x 64
+//   kernel there, and dact_cast_transpose first writes g in fp32 (fp8_dact_values) and casts that with
+//   fp8_ct_tile<float, F, -1, true, 1> (14MN instead of 6MN on those rare shapes, 30 fewer
+//   instantiations to compile).
+//   Scaling: delayed (scale_in) or current (amax_in given: scale from the amax pass, fp8_amax or
+//   fp8_dact_values) decided at run time (one branch per block: half the instantiations of a template
+//   flag). amax of the cast values (x, or g) merged per block with one atomicMax.
+//   dbias (SUMS): each thread keeps fp32 sums of its 8 columns over its rows; per block they are added
+//   across the warp's row groups (shuffles) and the 4 row-warps (shared memory) in a fixed order into
+//   one fp32 partial row (blockIdx.y of a (gridDim.y, N) scratch); the last block of each 128-column
+//   strip (a ticket counter per strip, zeroed by the caller) adds the gridDim.y partials in a fixed
+//   order and writes dbias in T: deterministic, no second launch. SUMS is a template flag because a
+//   run-time test inside the loop makes the compiler clone the loop (registers over the cap of 4
+//   blocks per SM); dact instantiations always have it (a run-time null dbias skips only the final sum).
+//   Bytes (2-byte T): cast 4MN, + dbias 4MN + (M / 512) x N x 8 partials, dact 6MN (read dy and x).
+//   Instructions per element of the plain cast (PTX): about 6 (unpack 1, amax 1, scale 1, cvt 0.5,
+//   selects 0.5, byte-permutes 0.75, stores and addresses the rest). Registers (sm_90a): plain 64
+//   (4 blocks per SM), dbias 80 (3), dact about 100-128 (2; fp32 dact loads one row at a time, GeLU-erf
+//   4 rows, to stay within 128 without spills).
+//   Variants considered for dbias: atomicAdd of the block sums (not deterministic), a second column-sum
+//   kernel over one partial row per 128-row tile (another launch and its tail, 16x more partials).
+// Status: fp8_quantize and fp8_amax are byte-exact on the H200 (tests/test_fp8_quantize.py), the
+// 64 x 64 fp8_cast_transpose too (tests/test_fp8_cast_transpose.py); fp8_ct_tile, fp8_dact_values,
+// fp8_quantize_mx_cols and fp8_quantize_blocks(_2d) are compile-checked, their GPU tests
+// (tests/test_fp8_cast_transpose.py, tests/test_fp8_dact.py, tests/test_fp8_blocks.py) have not run yet.
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/fp8.cuh"
+#include "common/act.cuh"
 
 namespace fk {
 
@@ -112,6 +159,17 @@ __device__ __forceinline__ int pow2_ceil_exponent(float v) {
   return (bits & 0x7FFFFFu) ? e + 1 : e;
 }
 
+// MXFP8 block exponent e (scale 2^e, E8M0 byte e + 127) of a block with amax am: ceil(log2(am / fp8_max))
+// clamped to [-127, 127]; an all-zero block -127, a block holding inf 127.
+template <typename F>
+__device__ __forceinline__ int mx_exponent(float am) {
+  int e;
+  if (isinf(am)) e = 127;
+  else if (am > 0.f) e = pow2_ceil_exponent(fmaxf(__fdiv_rn(am, F::MAX), 1.17549435e-38f));
+  else e = -127;
+  return max(-127, min(127, e));
+}
+
 template <typename T, typename F, int BLOCK, int VEC, bool MX>
 __global__ void __launch_bounds__(256)
 fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, void* __restrict__ scales,
@@ -144,11 +202,7 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
     for (int off = LANES / 2; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
     float mul;
     if constexpr (MX) {
-      int e;
-      if (isinf(am)) e = 127;
-      else if (am > 0.f) e = pow2_ceil_exponent(fmaxf(__fdiv_rn(am, F::MAX), 1.17549435e-38f));
-      else e = -127;
-      e = max(-127, min(127, e));
+      const int e = mx_exponent<F>(am);
       mul = exp2_neg(e);
       if (active && (chunk % LANES) == 0)
         static_cast<unsigned char*>(scales)[row * blocks_per_row + chunk / LANES] = (unsigned char)(e + 127);
@@ -220,6 +274,61 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
   }
 }
 
+// Column-wise MXFP8: blocks of 32 rows of each column of x (M x N). Each grid-stride work item is one
+// block row (32 rows) x VEC neighbouring columns (VEC = 8 / sizeof(T): one 8-byte load per row; 1 when
+// N or a pointer does not allow): the 32 row vectors are loaded first (a warp reads 256 contiguous
+// bytes per row), the VEC column amaxes give the E8M0 scales (row rb of the (ceil(M / 32), N) scale
+// array), then each row's VEC bytes are cast and stored. Rows past M (last block) are loaded from the
+// block's first row and left out of amax and the stores. Bytes: 2MN read, MN + MN / 32 written.
+template <typename T, typename F, int VEC>
+__global__ void __launch_bounds__(256)
+fp8_quantize_mx_cols(const T* __restrict__ x, unsigned char* __restrict__ out, unsigned char* __restrict__ scales,
+                     long long M, int N) {
+  const int groups = N / VEC;  // VEC divides N
+  const long long total = ((M + 31) / 32) * groups;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x; w < total; w += stride) {
+    const long long rb = w / groups;
+    const int col = (int)(w - rb * groups) * VEC;
+    const long long r0 = rb * 32;
+    const int nr = (int)min(32LL, M - r0);
+    const T* src = x + r0 * N + col;
+    Vec<T, VEC> v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = load_vec<T, VEC>(src + (i < nr ? (long long)i * N : 0LL));
+    float mul[VEC];
+    Vec<unsigned char, VEC> sc;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float am = 0.f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (i < nr) am = fmaxf(am, fabsf(to_float(v[i].v[j])));
+      const int e = mx_exponent<F>(am);
+      mul[j] = exp2_neg(e);
+      sc.v[j] = (unsigned char)(e + 127);
+    }
+    store_vec<unsigned char, VEC>(scales + rb * N + col, sc);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if (i >= nr) break;
+      Vec<unsigned char, VEC> q;
+      if constexpr (VEC == 1) {
+        q.v[0] = (unsigned char)(fp8x2_from_float<F>(__fmul_rn(to_float(v[i].v[0]), mul[0]), 0.f) & 0xFF);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; j += 2) {
+          const unsigned short p = fp8x2_from_float<F>(__fmul_rn(to_float(v[i].v[j]), mul[j]),
+                                                       __fmul_rn(to_float(v[i].v[j + 1]), mul[j + 1]));
+          q.v[j] = (unsigned char)(p & 0xFF);
+          q.v[j + 1] = (unsigned char)(p >> 8);
+        }
+      }
+      store_vec<unsigned char, VEC>(out + (r0 + i) * N + col, q);
+    }
+  }
+}
+
 constexpr int kCtTile = 64;
 constexpr int kCtThreads = 256;
 
@@ -272,6 +381,255 @@ fp8_cast_transpose(const T* __restrict__ x, unsigned char* __restrict__ out,
       store_vec<unsigned char, 8>(dst, q);
     } else {
       for (int j = 0; j < 8 && r + j < M; ++j) dst[j] = tile[tr + j][tc];
+    }
+  }
+  if (amax_out != nullptr) block_amax_merge(m, amax_out);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The fast cast-transpose family: fp8_ct_tile<T, F, ACT, SUMS, VEC> (see the header comment).
+
+constexpr int kFtTile = 128;     // block tile: 128 rows x 128 columns
+constexpr int kFtThreads = 256;  // 8 warps, 4 (rows) x 2 (columns); a warp covers 32 rows x 64 columns
+constexpr int kNoAct = -1;       // ACT of the plain cast (g = x)
+
+// 8 consecutive elements of T as raw 32-bit words: 4 words (2-byte T, element 2k in the low half of
+// word k) or 8 (fp32).
+template <typename T>
+struct Raw8 {
+  static constexpr int W = 8 * sizeof(T) / 4;
+  unsigned w[W];
+};
+__device__ __forceinline__ unsigned raw_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned raw_bits(bf16 v) { return v.bits; }
+__device__ __forceinline__ unsigned raw_bits(f16 v) { return v.bits; }
+
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<bf16> { static constexpr bool value = true; };
+
+template <typename T>
+__device__ __forceinline__ float raw_elem(const Raw8<T>& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(r.w[j]);
+  } else if constexpr (IsBf16<T>::value) {
+    return __uint_as_float((j & 1) ? (r.w[j >> 1] & 0xFFFF0000u) : (r.w[j >> 1] << 16));
+  } else {
+    return to_float(T{(unsigned short)((j & 1) ? (r.w[j >> 1] >> 16) : (r.w[j >> 1] & 0xFFFFu))});
+  }
+}
+
+// One row of the thread's 8 x 8 sub-tile. For a row past M (row_ok false) the caller passes the
+// sub-tile's first row (so every load is in bounds); such rows and columns past N read as 0 (never
+// stored, adding nothing to amax or dbias). VEC = 8 (N % 8 == 0, 16-byte aligned input): 16-byte loads;
+// VEC = 1: predicated scalar loads, any N and alignment.
+template <typename T, int VEC>
+__device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncols) {
+  Raw8<T> r;
+  if constexpr (VEC == 8) {
+#pragma unroll
+    for (int l = 0; l < Raw8<T>::W / 4; ++l) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + l * (16 / sizeof(T)));
+      r.w[4 * l] = row_ok ? u.x : 0u;
+      r.w[4 * l + 1] = row_ok ? u.y : 0u;
+      r.w[4 * l + 2] = row_ok ? u.z : 0u;
+      r.w[4 * l + 3] = row_ok ? u.w : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < Raw8<T>::W; ++j) r.w[j] = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const unsigned v = (row_ok && j < ncols) ? raw_bits(p[j]) : 0u;  // a predicated load
+      if constexpr (sizeof(T) == 4) r.w[j] = v;
+      else r.w[j >> 1] |= (j & 1) ? (v << 16) : v;
+    }
+  }
+  return r;
+}
+
+// The value that is cast: x itself (ACT = kNoAct) or the activation gradient dy * act'(x).
+template <int ACT>
+__device__ __forceinline__ float ct_value(float xv, float d) {
+  if constexpr (ACT < 0) {
+    return xv;
+  } else {
+    return d * dact_f<ACT>(xv);
+  }
+}
+
+// 8 values -> 8 FP8 bytes sat(v * scale) as two words (byte k = value k), |v| merged into amax: the
+// arithmetic of common/fp8.cuh's cast_fp8_vec (same pairs through fp8x2_from_float), packed into words
+// with one byte-permute per pair of pairs instead of byte inserts.
+template <typename F>
+__device__ __forceinline__ uint2 cast_fp8_x8(const float (&v)[8], float scale, float& amax) {
+  unsigned p[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    amax = fmaxf(amax, fmaxf(fabsf(v[2 * k]), fabsf(v[2 * k + 1])));
+    p[k] = fp8x2_from_float<F>(__fmul_rn(v[2 * k], scale), __fmul_rn(v[2 * k + 1], scale));
+  }
+  return make_uint2(__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410));
+}
+
+// 4 x 4 byte transpose: byte i of b_k = byte k of a_i (8 byte permutes).
+__device__ __forceinline__ void transpose_4x4_bytes(unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                    unsigned& b0, unsigned& b1, unsigned& b2, unsigned& b3) {
+  const unsigned t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);  // a0k a1k a0k' a1k'
+  const unsigned t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
+  b0 = __byte_perm(t0, t2, 0x5410);
+  b1 = __byte_perm(t0, t2, 0x7632);
+  b2 = __byte_perm(t1, t3, 0x5410);
+  b3 = __byte_perm(t1, t3, 0x7632);
+}
+
+// The first n (<= 8) bytes of (lo, hi) to dst; w: the widest access dst's alignment allows (8, 4 or
+// less). Edge cases (n < 8, w < 4) store bytes.
+__device__ __forceinline__ void store_bytes8(unsigned char* dst, unsigned lo, unsigned hi, int n, int w) {
+  if (n == 8 && w == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+  } else if (n == 8 && w == 4) {
+    reinterpret_cast<unsigned*>(dst)[0] = lo;
+    reinterpret_cast<unsigned*>(dst)[1] = hi;
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < n; ++k) dst[k] = (unsigned char)(((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xFFu);
+  }
+}
+
+// dbias of the block's 128-column strip: the threads' column sums -> one fp32 partial row per block
+// (row blockIdx.y of part, fixed-order adds), then the last block of the strip to finish (a ticket
+// per strip in count, zeroed by the caller and left zeroed) adds the gridDim.y partial rows in a fixed
+// order: deterministic whichever block comes last. Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, float* __restrict__ part,
+                                                unsigned* __restrict__ count, T* __restrict__ dbias, int N) {
+  __shared__ float red[4][kFtTile];
+  __shared__ unsigned last;
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // the warp's 4 row groups (lanes cg, cg + 8, cg + 16, cg + 24)
+    csum[j] += __shfl_xor_sync(0xffffffffu, csum[j], 8);
+    csum[j] += __shfl_xor_sync(0xffffffffu, csum[j], 16);
+  }
+  if (lane < 8) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red[warp & 3][tcol + j] = csum[j];
+  }
+  __syncthreads();
+  const int cb = blockIdx.x * kFtTile;
+  if (t < kFtTile && cb + t < N)
+    part[(long long)blockIdx.y * N + cb + t] = ((red[0][t] + red[1][t]) + red[2][t]) + red[3][t];
+  __threadfence();
+  __syncthreads();
+  if (t == 0) last = atomicAdd(count + blockIdx.x, 1u) == gridDim.y - 1 ? 1u : 0u;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int col = t & (kFtTile - 1), half = t >> 7;  // two lanes of partial rows per column
+  float s = 0.f;
+  if (cb + col < N) {
+#pragma unroll 8
+    for (int p = half; p < (int)gridDim.y; p += 2) s += __ldcg(part + (long long)p * N + cb + col);
+  }
+  red[half][col] = s;
+  __syncthreads();
+  if (t < kFtTile && cb + t < N) dbias[cb + t] = from_float<T>(red[0][t] + red[1][t]);
+  if (t == 0) count[blockIdx.x] = 0u;
+}
+
+template <typename T, typename F, int ACT, bool SUMS, int VEC>
+__global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4) : 2)
+fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
+            unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
+            const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
+            float* __restrict__ amax_out, float* __restrict__ dbias_part, unsigned* __restrict__ dbias_count,
+            T* __restrict__ dbias, long long M, int N, float amax_epsilon, int pow2) {
+  const bool current = amax_in != nullptr;
+  const float scale = current ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    scale_inv_out[0] = __fdiv_rn(1.f, scale);
+    if (current && scale_out != nullptr) scale_out[0] = scale;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int trow = (warp & 3) * 32 + (lane >> 3) * 8;  // the thread's 8 x 8 sub-tile in the block tile
+  const int tcol = (warp >> 2) * 64 + (lane & 7) * 8;
+  const int c0 = blockIdx.x * kFtTile + tcol;
+  const int ncols = min(8, N - c0);  // <= 0: no columns here (the thread still joins the reductions)
+  const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
+  const long long m_tiles = (M + kFtTile - 1) / kFtTile;
+  constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : ACT == GELU_ERF ? 4 : 8;  // rows per load batch
+  float am = 0.f;
+  float csum[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) csum[j] = 0.f;
+  for (long long by = blockIdx.y; by < m_tiles; by += gridDim.y) {
+    const long long r0 = by * kFtTile + trow;
+    if (ncols <= 0 || r0 >= M) continue;
+    const int nrows = (int)min(8LL, M - r0);
+    const long long base = r0 * N + c0;  // the sub-tile's first element
+    unsigned lo[8], hi[8];  // the sub-tile's FP8 rows: columns 0-3 (lo) and 4-7 (hi)
+#pragma unroll
+    for (int b = 0; b < 8; b += RB) {  // RB rows of loads issued before any of them is used
+      Raw8<T> a[RB], d[RB];
+#pragma unroll
+      for (int k = 0; k < RB; ++k) {
+        const bool row_ok = b + k < nrows;
+        const long long off = row_ok ? (long long)(b + k) * N : 0;  // rows past M read row r0 (in bounds)
+        a[k] = ct_load_row<T, VEC>(x + base + off, row_ok, ncols);
+        if constexpr (ACT >= 0) d[k] = ct_load_row<T, VEC>(dy + base + off, row_ok, ncols);
+      }
+#pragma unroll
+      for (int k = 0; k < RB; ++k) {
+        const int i = b + k;
+        float g[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          g[j] = ct_value<ACT>(raw_elem<T>(a[k], j), ACT >= 0 ? raw_elem<T>(d[k], j) : 0.f);
+          if constexpr (SUMS) csum[j] += g[j];  // (a run-time branch here would clone the loop)
+        }
+        const uint2 u = cast_fp8_x8<F>(g, scale, am);
+        lo[i] = u.x;
+        hi[i] = u.y;
+        if (i < nrows) store_bytes8(out + base + (long long)i * N, u.x, u.y, VEC == 8 ? 8 : ncols, VEC == 8 ? 8 : 1);
+      }
+    }
+    unsigned tlo[8], thi[8];  // transposed: column j of the sub-tile, rows 0-3 (tlo) and 4-7 (thi)
+    transpose_4x4_bytes(lo[0], lo[1], lo[2], lo[3], tlo[0], tlo[1], tlo[2], tlo[3]);
+    transpose_4x4_bytes(lo[4], lo[5], lo[6], lo[7], thi[0], thi[1], thi[2], thi[3]);
+    transpose_4x4_bytes(hi[0], hi[1], hi[2], hi[3], tlo[4], tlo[5], tlo[6], tlo[7]);
+    transpose_4x4_bytes(hi[4], hi[5], hi[6], hi[7], thi[4], thi[5], thi[6], thi[7]);
+    unsigned char* dst = out_t + (long long)c0 * M + r0;  // out_t row c0 + j starts j * M further
+    if (nrows == 8 && tw == 8 && ncols == 8) {  // every sub-tile but those at the tensor's edges
+#pragma unroll
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(dst + j * M) = make_uint2(tlo[j], thi[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < ncols) store_bytes8(dst + j * M, tlo[j], thi[j], nrows, tw);
+    }
+  }
+  if (amax_out != nullptr) block_amax_merge(am, amax_out);
+  if (SUMS && dbias_part != nullptr) ct_dbias_finish<T>(csum, tcol, dbias_part, dbias_count, dbias, N);
+}
+
+// g = dy * act'(x) over n elements (the same ct_value as fp8_ct_tile): its amax merged into amax_out
+// (the first pass of current scaling) and / or g written in fp32 to g_out (the fallback of
+// dact_cast_transpose when N % 8 != 0 or a pointer is misaligned: fp8_ct_tile<float, F, -1, true, 1>
+// then casts g); either pointer may be null. Grid-stride over VEC-element vectors.
+template <typename T, int ACT, int VEC>
+__global__ void __launch_bounds__(256)
+fp8_dact_values(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ amax_out,
+                float* __restrict__ g_out, long long n) {
+  const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
+  float m = 0.f;
+  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
+    const Vec<T, VEC> d = load_vec<T, VEC>(dy + v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float g = ct_value<ACT>(to_float(a.v[j]), to_float(d.v[j]));
+      m = fmaxf(m, fabsf(g));
+      if (g_out != nullptr) g_out[v * VEC + j] = g;
     }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);

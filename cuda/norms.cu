@@ -16,6 +16,18 @@
 // One row per block of 1024 threads: pass 1 reads the row for Welford statistics (Chan merges across
 // threads), pass 2 reads it again (mostly from L2) and writes y. 6MN bytes; correctness path.
 //
+// Forward with FP8 output (norm_fwd_fp8, norm_fwd_looped_fp8): the same row code (normalize_row /
+// looped_row) with another output policy: the fp32 y is cast as sat(y * scale) to E4M3 / E5M2 bytes
+// (common/fp8.cuh cast_fp8_vec, RNE), |y| is merged into a per-thread amax, and at the end of the block
+// one block-wide max goes to *amax_out (atomicMax on the float bits; the caller zeroes it). The scale
+// is read from device memory (delayed scaling, no host sync); thread 0 of block 0 writes
+// scale_inv = 1 / scale (IEEE division). The input cast of the next FP8 GEMM fused into the norm:
+// read 2MN + write MN = 3MN bytes for 2-byte x (one atomic per block on top). M = 0 launches one block
+// that only writes scale_inv. The fp32 values cast are bit for bit those the plain kernel with
+// out_dtype float32 stores (same row code, same config); the GPU tests rely on that. The plain kernels
+// instantiate the row code with PlainOut: their machine code is unchanged by the FP8 variants (see the
+// output policies below).
+//
 // Backward: persistent grid; each block walks rows with the same thread -> column mapping as the
 // forward, so every thread accumulates dweight / dbias for its own columns in fp32 across all the rows
 // it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row_sum2, then
@@ -38,6 +50,7 @@
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
 #include "common/bulk.cuh"
+#include "common/fp8.cuh"
 
 namespace fk {
 
@@ -72,6 +85,33 @@ __device__ __forceinline__ void load_beta(const W* b, int v, float (&beta)[VEC])
   for (int j = 0; j < VEC; ++j) beta[j] = to_float(t.v[j]);
 }
 
+// Output policies of the forward. The row code (normalize_row, looped_row) is written once; each kernel
+// picks a policy, and the row code branches on it (if constexpr) only where the results are stored:
+//   PlainOut<O>: round to O and store (norm_fwd, norm_fwd_looped); no state.
+//   Fp8Out<F>:   sat(v * scale) to FP8 bytes, |v| merged into the thread's amax (the *_fp8 kernels).
+// The plain branch is the store code as it was before the FP8 variants existed, so the plain kernels'
+// machine code did not change (the sm_90a .text sections compare equal). A put() called by both policies
+// was tried first: ptxas then schedules 10-14 plain instantiations differently (values computed before
+// the conversions), so the plain store stays written out in the row code.
+template <typename O>
+struct PlainOut {
+  using Store = O;
+  static constexpr bool kFp8 = false;
+  struct State {};
+};
+template <typename F>
+struct Fp8Out {
+  using Store = unsigned char;
+  static constexpr bool kFp8 = true;
+  struct State {
+    float scale, amax;
+  };
+  template <int VEC>
+  static __device__ __forceinline__ void put(unsigned char* __restrict__ y, const float (&v)[VEC], State& s) {
+    store_vec<unsigned char, VEC>(y, cast_fp8_vec<F, VEC>(v, s.scale, s.amax));
+  }
+};
+
 // ---------------------------------------------------------------------------------------------------
 // Forward, row in registers.
 
@@ -103,11 +143,13 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 }
 
 // Statistics and output of one row held in registers (all threads of the block call it: barriers).
-template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
+template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
 __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
-                                              const W* __restrict__ b, O* __restrict__ y,
-                                              float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                              long long row, bool row_ok, int N, float eps, int zero_centered) {
+                                              const W* __restrict__ b, typename OUT::Store* __restrict__ y,
+                                              typename OUT::State& st, float* __restrict__ mean_out,
+                                              float* __restrict__ rstd_out, long long row, bool row_ok, int N,
+                                              float eps, int zero_centered) {
+  using O = typename OUT::Store;
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
@@ -147,10 +189,17 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
       float g[VEC], beta[VEC];
       load_gamma<W, VEC>(w, v, zero_centered, g);
       load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
-      Vec<O, VEC> out;
+      if constexpr (OUT::kFp8) {
+        float o[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j]);
-      store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+        for (int j = 0; j < VEC; ++j) o[j] = (to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j];
+        OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
+      } else {
+        Vec<O, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j]);
+        store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+      }
     }
   }
 }
@@ -166,18 +215,58 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
   const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
   Vec<T, VEC> a[ITEMS];
   load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-  normalize_row<T, W, O, VEC, ITEMS, WARPS, RMS>(a, w, b, y, mean_out, rstd_out, row, row < M, N, eps, zero_centered);
+  typename PlainOut<O>::State st;
+  normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+                                                           eps, zero_centered);
+}
+
+// Occupancy hint of the FP8 forward. The FP8 cast and the amax take a few registers more than the plain
+// store, and without a hint ptxas lets 512-thread blocks grow to 65-72 registers (1 resident block per
+// SM instead of 2) and 256-thread RMS blocks to 44-47 (5 instead of 6). The hint caps the registers at
+// what the plain kernels use for the same row bytes per thread (measured with -Xptxas=-v): <= 16 B of
+// row: 32, <= 32 B: 40 (RMS) / 48 (LayerNorm: gamma and beta), <= 64 B: 64; longer register rows keep
+// the plain hint (1 block). No instantiation spills under these caps (compile-all check).
+template <typename T, int VEC, int ITEMS, int WARPS, bool RMS>
+struct Fp8FwdMinBlocks {
+  static constexpr int threads = 32 * WARPS * RowsPerBlock<WARPS>::value;
+  static constexpr int row_bytes = ITEMS * VEC * (int)sizeof(T);
+  static constexpr int regs = row_bytes <= 16 ? 32 : row_bytes <= 32 ? (RMS ? 40 : 48) : row_bytes <= 64 ? 64 : 0;
+  static constexpr int fit = regs ? 65536 / (regs * threads) : 1;
+  static constexpr int value = fit < 1 ? 1 : (fit > 2048 / threads ? 2048 / threads : fit);
+};
+
+// The same with FP8 output (F = E4M3 / E5M2): y bytes = sat(y * *scale_in); amax of the fp32 y merged
+// into *amax_out; scale_inv written by block 0. Launched with at least one block (M = 0 included).
+template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS>
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
+                                  (Fp8FwdMinBlocks<T, VEC, ITEMS, WARPS, RMS>::value))
+norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
+             const W* __restrict__ b, unsigned char* __restrict__ y, T* __restrict__ sum_out,
+             float* __restrict__ mean_out, float* __restrict__ rstd_out, const float* __restrict__ scale_in,
+             float* __restrict__ scale_inv_out, float* __restrict__ amax_out, long long M, int N, float eps,
+             int zero_centered) {
+  typename Fp8Out<F>::State st{*scale_in, 0.f};
+  const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x;  // 2-D block: flat index for the amax merge
+  if (blockIdx.x == 0 && tid == 0) scale_inv_out[0] = __fdiv_rn(1.f, st.scale);
+  const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
+  Vec<T, VEC> a[ITEMS];
+  load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
+  normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+                                                         eps, zero_centered);
+  block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Forward, long rows: one row per block (1-D block of THREADS), two passes over global memory.
-template <typename T, typename W, typename O, int VEC, bool RMS>
-__global__ void __launch_bounds__(1024)
-norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
-                const W* __restrict__ b, O* __restrict__ y, T* sum_out,  // no restrict: re-read
-                float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N,
-                float eps, int zero_centered) {
-  const long long row = blockIdx.x;
+// looped_row: the row `row` of the block (every thread of the block calls it: barriers).
+template <typename T, typename W, typename OUT, int VEC, bool RMS>
+__device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __restrict__ residual,
+                                           const W* __restrict__ w, const W* __restrict__ b,
+                                           typename OUT::Store* __restrict__ y, T* sum_out,  // no restrict: re-read
+                                           float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                           typename OUT::State& st, long long row, int N, float eps,
+                                           int zero_centered) {
+  using O = typename OUT::Store;
   const long long base = row * (long long)N;
   const int nvec = N / VEC;
   // With a residual, pass 1 writes x + residual to sum_out and pass 2 reads it back from there.
@@ -223,11 +312,45 @@ norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W
     float g[VEC], beta[VEC];
     load_gamma<W, VEC>(w, v, zero_centered, g);
     load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
-    Vec<O, VEC> out;
+    if constexpr (OUT::kFp8) {
+      float o[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(a.v[j]) - mean) * rstd * g[j] + beta[j]);
-    store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+      for (int j = 0; j < VEC; ++j) o[j] = (to_float(a.v[j]) - mean) * rstd * g[j] + beta[j];
+      OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
+    } else {
+      Vec<O, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(a.v[j]) - mean) * rstd * g[j] + beta[j]);
+      store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+    }
   }
+}
+
+template <typename T, typename W, typename O, int VEC, bool RMS>
+__global__ void __launch_bounds__(1024)
+norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
+                const W* __restrict__ b, O* __restrict__ y, T* sum_out,  // no restrict: re-read
+                float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N,
+                float eps, int zero_centered) {
+  typename PlainOut<O>::State st;
+  looped_row<T, W, PlainOut<O>, VEC, RMS>(x, residual, w, b, y, sum_out, mean_out, rstd_out, st, blockIdx.x, N,
+                                          eps, zero_centered);
+}
+
+// FP8 output (see norm_fwd_fp8). Grid max(1, M): with M = 0 one block writes scale_inv only.
+template <typename T, typename W, typename F, int VEC, bool RMS>
+__global__ void __launch_bounds__(1024)
+norm_fwd_looped_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
+                    const W* __restrict__ b, unsigned char* __restrict__ y, T* sum_out,
+                    float* __restrict__ mean_out, float* __restrict__ rstd_out, const float* __restrict__ scale_in,
+                    float* __restrict__ scale_inv_out, float* __restrict__ amax_out, long long M, int N,
+                    float eps, int zero_centered) {
+  typename Fp8Out<F>::State st{*scale_in, 0.f};
+  if (blockIdx.x == 0 && threadIdx.x == 0) scale_inv_out[0] = __fdiv_rn(1.f, st.scale);
+  if (blockIdx.x < M)  // block-uniform: the barriers inside are reached by the whole block or by none
+    looped_row<T, W, Fp8Out<F>, VEC, RMS>(x, residual, w, b, y, sum_out, mean_out, rstd_out, st, blockIdx.x, N,
+                                          eps, zero_centered);
+  block_amax_merge(st.amax, amax_out);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ with one ``struct.pack_into`` and calls the driver directly. The driver copies t
 so the buffer may be reused at once; a lock keeps two Python threads from interleaving pack and launch.
 
 Parameter codes: ``p`` pointer (int, 0 = null), ``q`` int64, ``i`` int32, ``f`` float32.
+
+Thread-block clusters (sm_90+): ``Launcher(..., cluster=C)`` (or ``(cx, cy, cz)``) launches through
+``cuLaunchKernelEx`` with a cluster-dimension launch attribute instead (one pre-built ``CUlaunchConfig``;
+the grid must be a multiple of the cluster shape). Kernels compiled with ``__cluster_dims__`` need no
+attribute and use the plain path.
 """
 from __future__ import annotations
 
@@ -20,10 +25,12 @@ _bound = threading.local()  # devices whose primary context this thread has made
 
 
 class Launcher:
-    __slots__ = ("_func", "_fmt", "_buf", "_params", "_params_addr", "_lock", "_launch", "_rt", "device")
+    __slots__ = ("_func", "_fmt", "_buf", "_params", "_params_addr", "_lock", "_launch", "_rt", "device",
+                 "cluster")
 
-    def __init__(self, function, codes: str, device: int):
-        """``function``: a loaded ``cupy.cuda.function.Function`` (``RawKernel.kernel``)."""
+    def __init__(self, function, codes: str, device: int, cluster=None):
+        """``function``: a loaded ``cupy.cuda.function.Function`` (``RawKernel.kernel``); ``cluster``: None,
+        or the cluster shape of a cluster launch (an int C for (C, 1, 1), or a 3-tuple)."""
         from cupy_backends.cuda.api import driver, runtime
 
         self._func = function.ptr
@@ -42,6 +49,8 @@ class Launcher:
         self._launch = driver.launchKernel
         self._rt = runtime
         self.device = device
+        dims = _cluster_dims(cluster)
+        self.cluster = None if dims == (1, 1, 1) else ClusterLaunch(self._func, dims)
 
     def __call__(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
         """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer.
@@ -80,6 +89,9 @@ class Launcher:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         with self._lock:
             self._fmt.pack_into(self._buf, 0, *values)
+            if self.cluster is not None:
+                self.cluster.launch(gx, gy, block, smem, stream, self._params_addr)
+                return
             self._launch(self._func, gx, gy, 1, block[0], block[1], 1, smem, stream, self._params_addr, 0)
 
 
@@ -87,3 +99,112 @@ def stream_ptr(stream) -> int:
     """A raw stream pointer from a CuPy stream object (``.ptr``) or anything int-like (torch's and
     XLA's raw pointers)."""
     return stream.ptr if hasattr(stream, "ptr") else int(stream)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cluster launches: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, through ctypes (CuPy
+# does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is 72 bytes (id, 4 bytes of
+# padding, a 64-byte value union at offset 8); CUlaunchConfig is 56 bytes (hStream at 32, attrs at 40,
+# numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
+
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+_CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+
+
+class _CUlaunchAttributeValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", ctypes.c_uint * 3)]
+
+
+class _CUlaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _CUlaunchAttributeValue)]
+
+
+class _CUlaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_CUlaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def _cluster_dims(cluster) -> tuple:
+    if cluster is None:
+        return (1, 1, 1)
+    if isinstance(cluster, int):
+        return (cluster, 1, 1)
+    dims = tuple(int(c) for c in cluster) + (1,) * (3 - len(cluster))
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"fusedkit: cluster shape must be an int or up to three positive ints, got {cluster!r}")
+    return dims
+
+
+_cuda = None
+
+
+def _libcuda():
+    """The driver library (already loaded by CuPy on a GPU machine), with the prototypes used here."""
+    global _cuda
+    if _cuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_CUlaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                     ctypes.POINTER(_CUlaunchConfig)]
+        lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+        lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuGetErrorName.restype = ctypes.c_int
+        _cuda = lib
+    return _cuda
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _libcuda().cuGetErrorName(rc, ctypes.byref(name))
+        raise RuntimeError(f"fusedkit: {what} failed: {(name.value or b'?').decode()} ({rc})")
+
+
+class ClusterLaunch:
+    """One kernel's cluster launches: a CUlaunchConfig with one cluster-dimension attribute, built once;
+    a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs (non-portable)
+    get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
+
+    __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
+
+    def __init__(self, func: int, dims: tuple):
+        self.func, self.dims = func, dims
+        self._lib = _libcuda()
+        if dims[0] * dims[1] * dims[2] > 8:
+            from cupy_backends.cuda.api import driver
+            driver.funcSetAttribute(func, _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        self._attr = (_CUlaunchAttribute * 1)()
+        self._attr[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        for k in range(3):
+            self._attr[0].value.clusterDim[k] = dims[k]
+        self._cfg = _CUlaunchConfig()
+        self._cfg.gridDimZ = self._cfg.blockDimZ = 1
+        self._cfg.attrs = self._attr
+        self._cfg.numAttrs = 1
+        self._cfg_ref = ctypes.byref(self._cfg)
+
+    def _set(self, gx, gy, block, smem, stream):
+        c = self._cfg
+        c.gridDimX, c.gridDimY = gx, gy
+        c.blockDimX, c.blockDimY = block[0], block[1]
+        c.sharedMemBytes = smem
+        c.hStream = stream or None
+
+    def launch(self, gx, gy, block, smem, stream, params_addr) -> None:
+        if gx % self.dims[0] or gy % self.dims[1]:
+            raise ValueError(f"fusedkit: grid ({gx}, {gy}) is not a multiple of the cluster shape {self.dims}")
+        self._set(gx, gy, block, smem, stream)
+        _check(self._lib.cuLaunchKernelEx(self._cfg_ref, self.func, params_addr, None), "cuLaunchKernelEx")
+
+    def max_active_clusters(self, block, smem: int = 0) -> int:
+        """Clusters of this shape that can be resident at once on the current device (0: the kernel
+        cannot launch with this cluster shape, block and shared memory)."""
+        self._set(self.dims[0], self.dims[1], block, smem, 0)
+        n = ctypes.c_int(0)
+        _check(self._lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self.func, self._cfg_ref),
+               "cuOccupancyMaxActiveClusters")
+        return n.value

@@ -13,6 +13,8 @@ from typing import Callable
 from . import reference
 from ._dtypes import FLOAT_DTYPES
 from .backends import cuda_activations, cuda_fp8, cuda_norms
+from .backends import cuda_cross_entropy
+from .backends import cuda_softmax
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ def _fp8_cast_transpose_bytes(M, N, s):  # read x, write row-wise and transposed
     return M * N * (s + 2)
 
 
+def _fp8_dact_cast_transpose_bytes(M, N, s):  # read dy and x, write row-wise and transposed bytes
+    return M * N * (2 * s + 2)
+
+
 OPS.update({
     "fp8_quantize_delayed": Op("fp8_quantize_delayed", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_delayed_bytes,
                                reference.fp8.quantize_delayed),
@@ -76,6 +82,17 @@ OPS.update({
                                reference.fp8.quantize_current),
     "fp8_cast_transpose": Op("fp8_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
                              _fp8_cast_transpose_bytes, reference.fp8.quantize_delayed),
+    # + dbias: the same 4MN (the fp32 partial sums, M / 512 x N x 8 bytes, are left out)
+    "fp8_cast_transpose_dbias": Op("fp8_cast_transpose_dbias", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                   _fp8_cast_transpose_bytes, reference.fp8.cast_transpose_dbias),
+    # dgelu (tanh) fused with the cast-transpose of its result: 6MN for 2-byte dy and x
+    "fp8_dact_cast_transpose": Op("fp8_dact_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                  _fp8_dact_cast_transpose_bytes, reference.fp8.dact_cast_transpose),
+    # norms with FP8 output: read x, write FP8 bytes (3MN for 2-byte x), same byte model as the delayed cast
+    "layer_norm_fp8_fwd": Op("layer_norm_fp8_fwd", cuda_norms.FILE, cuda_norms.fwd_config, _fp8_delayed_bytes,
+                             reference.norms.layer_norm_fp8),
+    "rms_norm_fp8_fwd": Op("rms_norm_fp8_fwd", cuda_norms.FILE, partial(cuda_norms.fwd_config, rms=True),
+                           _fp8_delayed_bytes, reference.norms.rms_norm_fp8),
 })
 
 def _act_bytes(M, N, s):          # read x, write y
@@ -93,9 +110,42 @@ OPS.update({
                      reference.activations.forward),
 })
 
+
+def _ce_fwdbwd_bytes(M, N, s):   # read the logits once, write the gradient once (4MN for 2-byte logits)
+    return 2 * M * N * s
+
+
+OPS.update({
+    "cross_entropy_fwdbwd": Op("cross_entropy_fwdbwd", cuda_cross_entropy.FILE, cuda_cross_entropy.fwd_config,
+                               _ce_fwdbwd_bytes, reference.cross_entropy.cross_entropy),
+})
+
+
+def _softmax_fwd_bytes(M, N, s):     # read x, write y (4MN for 2-byte x; a mask or causal not counted)
+    return 2 * M * N * s
+
+
+def _softmax_fwdbwd_bytes(M, N, s):  # forward 2MN*s + backward (read y, dy; write dx) 3MN*s = 10MN for 2 bytes
+    return 5 * M * N * s
+
+
+OPS.update({
+    "softmax_fwd": Op("softmax_fwd", cuda_softmax.FILE, cuda_softmax.fwd_config, _softmax_fwd_bytes,
+                      reference.softmax),
+    "softmax_fwdbwd": Op("softmax_fwdbwd", cuda_softmax.FILE, cuda_softmax.fwd_config, _softmax_fwdbwd_bytes,
+                         reference.softmax),
+    # causal / masked forwards: same byte model as the plain one, so their GB/s compare directly with it
+    "softmax_causal_fwd": Op("softmax_causal_fwd", cuda_softmax.FILE, cuda_softmax.fwd_config, _softmax_fwd_bytes,
+                             reference.softmax),
+    "softmax_masked_fwd": Op("softmax_masked_fwd", cuda_softmax.FILE, cuda_softmax.fwd_config, _softmax_fwd_bytes,
+                             reference.softmax),
+})
+
 # name expressions per kernel file, for the compile-all check
 KERNEL_FAMILIES = {cuda_norms.FILE: cuda_norms.all_expressions, cuda_fp8.FILE: cuda_fp8.all_expressions,
                    cuda_activations.FILE: cuda_activations.all_expressions}
+KERNEL_FAMILIES[cuda_cross_entropy.FILE] = cuda_cross_entropy.all_expressions
+KERNEL_FAMILIES[cuda_softmax.FILE] = cuda_softmax.all_expressions
 
 
 def all_expressions() -> dict[str, list[str]]:

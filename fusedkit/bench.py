@@ -26,7 +26,16 @@ GPU_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384), (4096
 OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
 FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
 FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose"]
+NORM_FP8_OPS = ["layer_norm_fp8_fwd", "rms_norm_fp8_fwd"]  # at FP8_SHAPES
+FP8_GRAD_OPS = ["fp8_cast_transpose_dbias", "fp8_dact_cast_transpose"]  # at FP8_SHAPES, bf16 -> e5m2
 ACT_WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336)]  # (op, M, H)
+CE_WORK = [("cross_entropy_fwdbwd", 16384, 32768), ("cross_entropy_fwdbwd", 8192, 131072),
+           ("cross_entropy_fwdbwd", 4096, 262144)]  # (op, M tokens, N vocab)
+SOFTMAX_WORK = ([(op, 2**27 // N, N) for N in (1024, 4096, 8192, 16384, 65536)
+                 for op in ("softmax_fwd", "softmax_fwdbwd")]
+                + [("softmax_fwd", 512, 262144), ("softmax_fwdbwd", 512, 262144),
+                   ("softmax_causal_fwd", 32768, 4096),     # scores (8, 4096, 4096), causal
+                   ("softmax_masked_fwd", 131072, 1024)])   # scores (8, 16, 1024, 1024), mask (8, 1, 1024, 1024)
 
 
 def _progress(total, desc):
@@ -188,6 +197,81 @@ def _fp8_impls(torch, op, M, N, dtype):
     return out
 
 
+def _fp8_grad_impls(torch, op, M, N, dtype):
+    """Gradient casts to E5M2 (delayed scale): cast_transpose_dbias of dy, and dgelu (tanh) of (dy, x)
+    cast-transposed with dbias (Transformer Engine's dgelu_cast_transpose_dbias); torch eager /
+    torch.compile do the same math: fp32 gelu backward by the tanh formula, multiply, saturate, cast,
+    transpose().contiguous(), sum(0), amax."""
+    import math
+
+    import fusedkit as fk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dy = torch.randn(M, N, device="cuda", generator=g).to(dtype)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 2).to(dtype)
+    scale = torch.full((1,), 57344.0 / 8.0, device="cuda")
+    fmax, e5m2, k0, k1 = 57344.0, torch.float8_e5m2, math.sqrt(2.0 / math.pi), 0.044715
+
+    def cast_t(v, s_):
+        q = (v * s_).clamp(-fmax, fmax).to(e5m2)
+        return q, q.t().contiguous(), v.sum(0).to(dy.dtype), v.abs().amax(), 1.0 / s_
+
+    if op == "fp8_cast_transpose_dbias":
+        def ours():
+            return fk.cast_transpose_dbias(dy, fmt="e5m2", scale=scale)
+
+        def peer(dy_, x_, s_):
+            return cast_t(dy_.float(), s_)
+    else:
+        def ours():
+            return fk.dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=scale, dbias=True)
+
+        def peer(dy_, x_, s_):
+            xf = x_.float()
+            t = torch.tanh(k0 * (xf + k1 * xf * xf * xf))
+            d = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * k0 * (1 + 3 * k1 * xf * xf)
+            return cast_t(dy_.float() * d, s_)
+    out = {"fusedkit": ours, "torch_eager": lambda: peer(dy, x, scale)}
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+        out["torch_compile"] = lambda: compiled(dy, x, scale)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    return out
+
+
+def _norm_fp8_impls(torch, op, M, N, dtype):
+    """LayerNorm / RMSNorm with FP8 E4M3 output (delayed scale, amax of y): fusedkit against torch eager /
+    torch.compile computing the norm, then the fp32 multiply, saturation, cast and amax."""
+    import fusedkit as fk
+    F = torch.nn.functional
+    rms = op.startswith("rms")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).to(dtype)
+    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).to(dtype)
+    b = (torch.randn(N, device="cuda", generator=g) * 0.3).to(dtype)
+    scale = torch.full((1,), 448.0 / 6.0, device="cuda")
+    eps = 1e-5
+    e4m3 = torch.float8_e4m3fn
+
+    if rms:
+        def ours():
+            return fk.rms_norm(x, w, eps=eps, fp8_fmt="e4m3", fp8_scale=scale)
+    else:
+        def ours():
+            return fk.layer_norm(x, w, b, eps=eps, fp8_fmt="e4m3", fp8_scale=scale)
+
+    def peer(x_, w_, b_, s_):
+        y = F.rms_norm(x_, (N,), w_, eps) if rms else F.layer_norm(x_, (N,), w_, b_, eps)
+        return (y.float() * s_).clamp(-448.0, 448.0).to(e4m3), y.abs().amax().float(), 1.0 / s_
+    out = {"fusedkit": ours, "torch_eager": lambda: peer(x, w, b, scale)}
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+        out["torch_compile"] = lambda: compiled(x, w, b, scale)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    return out
+
+
 def _act_impls(torch, op, M, H, dtype):
     """GeLU (tanh) of an (M, H) tensor, SwiGLU of an (M, 2H) one: fusedkit, torch eager, torch.compile
     and Liger's SwiGLU where installed."""
@@ -221,6 +305,95 @@ def _act_impls(torch, op, M, H, dtype):
     return out
 
 
+def _ce_impls(torch, op, M, N, dtype):
+    """Cross-entropy loss (mean) and its gradient with respect to bf16 logits (M tokens x N vocab; no
+    ignored targets, since fusedkit skips reading ignored rows and the 4MN byte model would flatter it):
+    fusedkit (one fused pass), torch eager and torch.compile (F.cross_entropy forward + autograd
+    backward), and Liger's fused cross-entropy where installed."""
+    import fusedkit as fk
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 2).to(dtype)
+    t = torch.randint(0, N, (M,), device="cuda", generator=g)
+    out = {"fusedkit": lambda: fk.cross_entropy(x, t, return_grad=True)}
+
+    def peer(x_, t_):
+        return F.cross_entropy(x_, t_)
+
+    def step(fn, xg):
+        def run():
+            loss = fn(xg, t)
+            return loss, torch.autograd.grad(loss, xg)
+        return run
+    xg = x.detach().clone().requires_grad_(True)
+    out["torch_eager"] = step(peer, xg)
+    try:
+        out["torch_compile"] = step(torch.compile(peer, dynamic=False), xg)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    try:
+        from liger_kernel.transformers import LigerCrossEntropyLoss
+        # Liger writes the gradient into its input: give it its own copy
+        out["liger"] = step(LigerCrossEntropyLoss(), x.detach().clone().requires_grad_(True))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _softmax_impls(torch, op, M, N, dtype):
+    """Softmax of bf16 rows (M x N): forward, or forward + backward (autograd with a given dy) for the
+    peers; causal on (8, Sq, Sk) = (8, 4096, 4096) scores and masked with a (B, 1, Sq, Sk) mask broadcast
+    over 16 heads, against torch's masked_fill + softmax. Peers: torch eager, torch.compile, Liger's
+    softmax where installed (plain softmax only; liger_kernel.ops.softmax)."""
+    import fusedkit as fk
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 2).to(dtype)
+    bwd = op == "softmax_fwdbwd"
+    if op == "softmax_causal_fwd":
+        x = x.view(M // N, N, N)
+        hide = torch.ones(N, N, dtype=torch.bool, device="cuda").triu_(1)
+
+        def peer(x_):
+            return torch.softmax(x_.masked_fill(hide, float("-inf")), -1)
+        out = {"fusedkit": lambda: fk.softmax(x, causal=True)}
+    elif op == "softmax_masked_fwd":
+        x = x.view(8, M // (8 * N), N, N)
+        hide = torch.rand(8, 1, N, N, device="cuda", generator=g) < 0.1
+
+        def peer(x_):
+            return torch.softmax(x_.masked_fill(hide, float("-inf")), -1)
+        out = {"fusedkit": lambda: fk.softmax(x, mask=hide)}
+    else:
+        def peer(x_):
+            return torch.softmax(x_, -1)
+        if bwd:
+            dy = torch.randn(M, N, device="cuda", generator=g).to(dtype)
+            out = {"fusedkit": lambda: fk.softmax_backward(dy, fk.softmax(x))}
+        else:
+            out = {"fusedkit": lambda: fk.softmax(x)}
+
+    def make(fn):
+        if not bwd:
+            return lambda: fn(x)
+        xg = x.detach().clone().requires_grad_(True)
+
+        def step():
+            return torch.autograd.grad(fn(xg), xg, dy)
+        return step
+    out["torch_eager"] = make(peer)
+    try:
+        out["torch_compile"] = make(torch.compile(peer, dynamic=False))
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    if op in ("softmax_fwd", "softmax_fwdbwd"):
+        try:
+            from liger_kernel.ops.softmax import LigerSoftmaxFunction
+            out["liger"] = make(LigerSoftmaxFunction.apply)
+        except Exception:  # noqa: BLE001 - not installed, or a version without a softmax op
+            pass
+    return out
+
+
 def run_gpu(args):
     import torch
     timer = GpuTimer(torch)
@@ -231,7 +404,14 @@ def run_gpu(args):
     work = [(M, N, op, _impls) for (M, N) in shapes for op in OPS]
     if not args.quick:
         work += [(M, N, op, _fp8_impls) for (M, N) in FP8_SHAPES for op in FP8_OPS]
+        work += [(M, N, op, _norm_fp8_impls) for (M, N) in FP8_SHAPES for op in NORM_FP8_OPS]
+        work += [(M, N, op, _fp8_grad_impls) for (M, N) in FP8_SHAPES for op in FP8_GRAD_OPS]
         work += [(M, H, op, _act_impls) for (op, M, H) in ACT_WORK]
+        work += [(M, N, op, _ce_impls) for (op, M, N) in CE_WORK]
+        work += [(M, N, op, _softmax_impls) for (op, M, N) in SOFTMAX_WORK]
+    if args.only:
+        pats = [p.strip() for p in args.only.split(",") if p.strip()]
+        work = [w for w in work if any(p in w[2] for p in pats)]
     prog = _progress(len(work), "bench")
     for (M, N, op, impls) in work:
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
@@ -246,7 +426,8 @@ def run_gpu(args):
         torch.cuda.empty_cache()
         prog.update()
     prog.close()
-    rows += overhead_rows(torch)
+    if not args.only or "overhead" in args.only:
+        rows += overhead_rows(torch)
     return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
 
 
@@ -394,6 +575,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results", help="folder for the results JSON and PNG")
     p.add_argument("--quick", action="store_true", help="one shape, fewer repetitions")
     p.add_argument("--cpu", action="store_true", help="benchmark the CPU backend even if a GPU is present")
+    p.add_argument("--only", default="", metavar="PATTERNS",
+                   help="comma-separated substrings of op names: run only the matching ops (GPU; 'overhead' "
+                        "selects the host-time rows), e.g. --only softmax,cross_entropy")
     args = p.parse_args(argv)
     gpu = False
     if not args.cpu:

@@ -5,7 +5,7 @@ Results come back in the caller's array type (see _interop.py for the rules).
 """
 from __future__ import annotations
 
-from . import _dtypes, _interop
+from . import _callcache, _dtypes, _interop
 from . import reference as _ref
 from ._interop import CUPY, JAX, TORCH, framework
 
@@ -57,12 +57,67 @@ def _validate(x, weight, bias, residual, out_dtype):
     return x_dt, w_dt, o_dt, N
 
 
-def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms):
+def _fp8_request(fp8_fmt, fp8_scale, out_dtype):
+    """The FP8 format of an FP8-output call (None for a plain call), after checking the FP8 arguments."""
+    if fp8_fmt is None and fp8_scale is None:
+        return None
+    if fp8_fmt is None or fp8_scale is None:
+        given, missing = ("fp8_fmt", "fp8_scale") if fp8_scale is None else ("fp8_scale", "fp8_fmt")
+        raise ValueError(f"fusedkit: FP8 output needs both fp8_fmt ('e4m3' or 'e5m2') and fp8_scale (the "
+                         f"delayed scale: a float or a 1-element float32 array); got {given} without {missing}")
+    if out_dtype is not None:
+        raise ValueError("fusedkit: out_dtype and fp8_fmt exclude each other (with fp8_fmt the output is an "
+                         "FP8Tensor of FP8 bytes); drop out_dtype")
+    from .fp8.formats import as_format
+    f = as_format(fp8_fmt)  # ValueError naming the formats
+    if hasattr(fp8_scale, "shape"):
+        n = 1
+        for d in fp8_scale.shape:
+            n *= d
+        s_dt = _dtypes.canonical_or_name(fp8_scale.dtype)
+        if n != 1 or s_dt != "float32":
+            raise ValueError(f"fusedkit: `fp8_scale` must be a float or a 1-element float32 array, got shape "
+                             f"{tuple(fp8_scale.shape)} {s_dt}")
+        fw = framework(fp8_scale)
+        if fw not in _HOST_KINDS:
+            return f  # a device value: read by the kernel, never synchronised on
+        value = _interop.to_numpy(fp8_scale, fw).reshape(())
+    else:
+        value = fp8_scale
+    import numpy as np
+    try:
+        with np.errstate(over="ignore"):  # beyond fp32: inf, rejected below
+            s = np.float32(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"fusedkit: `fp8_scale` must be a float or a 1-element float32 array, got "
+                        f"{type(fp8_scale).__name__}") from None
+    if not (np.isfinite(s) and s > 0):
+        raise ValueError(f"fusedkit: `fp8_scale` must be a positive finite float32 value (a delayed scale), "
+                         f"got {value!r}")
+    return f
+
+
+def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms,
+                  fp8_fmt=None, fp8_scale=None):
+    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
+        out = _callcache.norm_forward(x, weight, None if rms else bias, eps, zero_centered_gamma, out_dtype,
+                                      return_stats, rms)
+        if out is not None:
+            return out
     kind = _kind_of_call(x, (weight, bias, residual))
     _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
+    fmt = _fp8_request(fp8_fmt, fp8_scale, out_dtype)
     x_dt, w_dt, o_dt, N = _validate(x, weight, bias, residual, out_dtype)
     if eps < 0:
         raise ValueError(f"fusedkit: eps must be >= 0, got {eps}")
+    if fmt is not None and kind in _HOST_KINDS:
+        return _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt,
+                         fp8_scale, kind)
+    if fmt is not None and kind == JAX:
+        raise NotImplementedError(
+            "fusedkit: FP8 output of layer_norm / rms_norm is not implemented for JAX GPU arrays or inside "
+            "jax.jit (an FP8Tensor is not a JAX value). Pass CuPy or torch views of the same buffers "
+            "(DLPack, no copy), or call without fp8_fmt and quantize the result")
     if kind in _HOST_KINDS:
         if rms:
             return _host(_ref.rms_norm, kind, (x, weight),
@@ -92,7 +147,7 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
     _interop.same_device(views)
     shape = X.shape
     M = X.size // N
-    y, yp = _interop.empty(kind, X, shape, o_dt)
+    y, yp = _interop.empty(kind, X, shape, o_dt if fmt is None else "uint8")
     h = hp = mean = mp = rstd = rp = None
     if R is not None:
         h, hp = _interop.empty(kind, X, shape, x_dt)
@@ -100,14 +155,67 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
         if not rms:
             mean, mp = _interop.empty(kind, X, shape[:-1], "float32")
         rstd, rp = _interop.empty(kind, X, shape[:-1], "float32")
-    if M > 0:
-        cuda_norms.forward(X.ptr, R.ptr if R else 0, W.ptr if W else 0, B.ptr if B else 0, yp, hp or 0,
-                           mp or 0, rp or 0, M, N, x_dt, w_dt, o_dt, float(eps), int(zero_centered_gamma),
+    ptrs = (X.ptr, R.ptr if R else 0, W.ptr if W else 0, B.ptr if B else 0, yp, hp or 0, mp or 0, rp or 0)
+    if fmt is not None:
+        y = _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, fp8_scale, eps, zero_centered_gamma,
+                        rms, y)
+    elif M > 0:
+        cuda_norms.forward(*ptrs, M, N, x_dt, w_dt, o_dt, float(eps), int(zero_centered_gamma),
                            rms, X.device, _interop.stream(kind, X.device))
+        if R is None and kind in (CUPY, TORCH):
+            _callcache.remember_norm_forward(x, weight, None if B is None else bias, eps, zero_centered_gamma,
+                                             out_dtype, return_stats, rms, kind, X.device, M, N, x_dt, w_dt,
+                                             o_dt)
     out = (y,) + ((h,) if h is not None else ())
     if return_stats:
         out += (rstd,) if rms else (mean, rstd)
     return out[0] if len(out) == 1 else out
+
+
+def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, zero_centered_gamma, rms, data):
+    """The FP8-output forward on the device: y bytes into ``data`` -> FP8Tensor (scale_inv, amax: 1-element
+    fp32 arrays of x's framework). Launched for M = 0 too (it writes scale_inv)."""
+    from .fp8.tensor import FP8Tensor
+    sinv, sip = _interop.empty(kind, X, (1,), "float32")
+    amax, ap = _interop.full(kind, X, (1,), "float32", 0.0)  # the kernel merges into it (atomicMax)
+    if hasattr(scale, "shape"):
+        if framework(scale) != kind:
+            raise TypeError(f"fusedkit: `fp8_scale` is a {framework(scale)} array but x is {kind}; pass a "
+                            f"float or a 1-element float32 {kind} array on x's device")
+        S = _interop.view(scale, kind, "fp8_scale")
+        _interop.same_device([X, S])
+        keep, sp = scale, S.ptr
+    else:
+        import numpy as np
+        keep, sp = _interop.full(kind, X, (1,), "float32", float(np.float32(scale)))
+    cuda_norms.forward_fp8(*ptrs, sp, sip, ap, M, N, x_dt, w_dt, fmt.name, float(eps), int(zero_centered_gamma),
+                           rms, X.device, _interop.stream(kind, X.device))
+    del keep  # the launch is queued on the stream; the allocator orders any reuse after it
+    return FP8Tensor(data, sinv, fmt, amax)
+
+
+def _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, kind):
+    """The FP8-output forward on the CPU backend (fusedkit.reference.norms.*_fp8), results in x's framework
+    (FP8Tensor.data too; scale_inv and amax are fp32 scalars)."""
+    from .fp8.tensor import FP8Tensor
+    if hasattr(scale, "shape"):
+        fw = framework(scale)
+        if fw not in _HOST_KINDS:
+            raise TypeError(f"fusedkit: `fp8_scale` is a {fw} array but x is a host array; pass a float or a "
+                            f"1-element float32 host array")
+        scale = _interop.to_numpy(scale, fw)
+    conv = [None if a is None else _interop.to_numpy(a, kind) for a in (x, weight, bias, residual)]
+    kw = dict(eps=eps, zero_centered_gamma=zero_centered_gamma, fp8_fmt=fmt, fp8_scale=scale,
+              return_stats=return_stats, residual=conv[3])
+    from .reference import norms as ref_norms
+    if rms:
+        out = ref_norms.rms_norm_fp8(conv[0], conv[1], **kw)
+    else:
+        out = ref_norms.layer_norm_fp8(conv[0], conv[1], conv[2], **kw)
+    t, rest = (out, ()) if isinstance(out, FP8Tensor) else (out[0], out[1:])
+    t = FP8Tensor(_interop.from_numpy(t.data, kind), t.scale_inv, t.fmt, t.amax)
+    rest = tuple(_interop.from_numpy(a, kind) for a in rest)
+    return (t,) + rest if rest else t
 
 
 def _np_dt(out_dtype):
@@ -178,26 +286,34 @@ def _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
 # public API
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, out_dtype=None,
-               return_stats=False, residual=None):
+               return_stats=False, residual=None, fp8_fmt=None, fp8_scale=None):
     """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * g + bias``.
 
     ``g = weight`` (or ``weight + 1`` with ``zero_centered_gamma``). With ``residual`` the input is
     ``h = x + residual`` (rounded to x's dtype) and ``h`` is returned too, for the next block.
     Returns ``y``, then ``h`` if a residual was given, then ``(mean, rstd)`` (fp32, shape
     ``x.shape[:-1]``) if ``return_stats``.
+
+    FP8 output (the input cast of the next FP8 GEMM, fused: no extra pass over memory): with
+    ``fp8_fmt`` (``"e4m3"`` or ``"e5m2"``) and ``fp8_scale`` (the delayed scale: a float or a
+    1-element float32 array of x's framework) ``y`` is returned as an :class:`fusedkit.fp8.FP8Tensor`:
+    ``.data`` the bytes ``sat(y * scale)`` (round to nearest even) in x's shape, ``.scale_inv`` =
+    ``1 / scale``, ``.amax`` the amax of the fp32 ``y`` before scaling, ``.fmt``. Not combinable with
+    ``out_dtype``. NumPy, CPU torch/JAX, CuPy and CUDA torch arrays; not JAX GPU arrays or ``jax.jit``.
     """
     return _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats,
-                         rms=False)
+                         rms=False, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
 
 
 def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=None, return_stats=False,
-             residual=None):
+             residual=None, fp8_fmt=None, fp8_scale=None):
     """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * g``.
 
     Returns ``y``, then ``h = x + residual`` if a residual was given, then ``rstd`` if ``return_stats``.
+    ``fp8_fmt`` / ``fp8_scale``: ``y`` as an FP8Tensor, as in :func:`layer_norm`.
     """
     return _norm_forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, return_stats,
-                         rms=True)
+                         rms=True, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False):

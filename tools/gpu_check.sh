@@ -40,11 +40,13 @@ if has test; then
     echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
 fi
 if has sanitize; then
+  # SANITIZE lists the scripts (tools/sanitize_<name>.py); each runs under memcheck, then racecheck
   ( for tool in memcheck racecheck; do
-      timeout $(left 200) compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_norms.py > "$OUT/$tool.log" 2>&1
-      echo "$tool rc=$?" >> "$OUT/$tool.log"
-      timeout $(left 150) compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_fp8.py >> "$OUT/$tool.log" 2>&1
-      echo "$tool fp8 rc=$?" >> "$OUT/$tool.log"
+      for name in ${SANITIZE:-norms fp8 softmax cross_entropy}; do
+        timeout $(left ${SANITIZE_TIMEOUT:-150}) compute-sanitizer --tool $tool --error-exitcode 9 \
+          python3 tools/sanitize_$name.py >> "$OUT/$tool.log" 2>&1
+        echo "$tool $name rc=$?" >> "$OUT/$tool.log"
+      done
     done ) & pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -74,7 +76,7 @@ echo "================ summary ================"
 L=/tmp/fk_logs
 cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
-for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|sanitize_|MISMATCH" "$L/$t.log" 2>/dev/null | tail -6; done
+for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log" 2>/dev/null | tail -12; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
 grep -E "BEST|rc=" "$L/sweep_act.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null

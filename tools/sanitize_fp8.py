@@ -1,7 +1,8 @@
 """Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
-without vector paths, MXFP8, 1x128 and 128x128 blocks, the scale update) and the activation kernels (forward,
-FP8 forward, backward; gated and not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a
-result that differs from the CPU reference (activations: beyond a loose tolerance)."""
+without vector paths, cast_transpose_dbias, dact_cast_transpose, MXFP8 row- and column-wise, 1x128 and
+128x128 blocks, the scale update) and the activation kernels (forward, FP8 forward, backward; gated and
+not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a result that differs from the CPU
+reference (activations: beyond a loose tolerance)."""
 import cupy
 import numpy as np
 
@@ -33,10 +34,36 @@ for dtype in ("float32", "float16"):
         check(f"cast_transpose {dtype} {shape}", t.data_t.get(), ref.transpose_2d(d))
         t = fk.quantize(X, fmt="e4m3", recipe=fp8.MXFP8Scaling())
         check(f"mxfp8 {dtype} {shape}", t.scale_inv.get(), ref.quantize_mxfp8(x, "e4m3")[1])
+        t = fk.quantize(X, fmt="e4m3", recipe=fp8.MXFP8Scaling(), columnwise=True)
+        check(f"mxfp8 columnwise {dtype} {shape}", t.data.get(), ref.quantize_mxfp8_columnwise(x, "e4m3")[0])
         t = fk.quantize(X, fmt="e4m3", recipe=fp8.BlockScaling())
         check(f"1x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (1, 128), "e4m3")[0])
         t = fk.quantize(X, fmt="e4m3", recipe=fp8.BlockScaling(), weight=True)
         check(f"128x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (128, 128), "e4m3")[0])
+# fp8_ct_tile: cast_transpose (fast path), cast_transpose_dbias (16-byte and scalar loads, several blocks
+# per column strip), dact_cast_transpose (fused, and the fp32-g fallback), delayed and current scaling
+for dtype in ("float32", "float16"):
+    for shape in ((136, 264), (130, 72), (257, 96), (1100, 100), (33, 13), (0, 16)):
+        x = (rng.standard_normal(shape) * 50).astype(dtype)
+        X = cupy.asarray(x)
+        d = ref.quantize_delayed(x, 0.5, "e4m3")[0]
+        t = fk.cast_transpose(X, fmt="e4m3", scale=0.5)
+        check(f"cast_transpose {dtype} {shape}", t.data_t.get(), ref.transpose_2d(d))
+        t, db = fk.cast_transpose_dbias(X, fmt="e4m3", scale=0.5)
+        check(f"cast_transpose_dbias {dtype} {shape}", t.data_t.get(), ref.transpose_2d(d))
+        if not np.allclose(db.get().astype(np.float64), x.astype(np.float64).sum(0), rtol=2e-3, atol=1e-2 * shape[0]):
+            print("MISMATCH dbias", dtype, shape)
+            ok = False
+        dy = (rng.standard_normal(shape) * 4).astype(dtype)
+        DY = cupy.asarray(dy)
+        for act in ("relu", "gelu"):
+            t, db = fk.dact_cast_transpose(DY, X, activation=act, scale=8.0, dbias=True)
+            want = ref.dact_cast_transpose(dy, x, act, "e5m2", 8.0)
+            if act == "relu":
+                check(f"dact relu {dtype} {shape}", t.data_t.get(), want[1])
+            t.data.get()
+            t = fk.dact_cast_transpose(DY, X, activation=act)  # current scaling
+            t.data.get()
 h = np.abs(rng.standard_normal((16, 100))).astype(np.float32)
 s = np.ones(100, np.float32)
 H, S = cupy.asarray(h), cupy.asarray(s)

@@ -1,5 +1,5 @@
 """Small norm calls covering every kernel kind (staged and register rows, shared-memory dbias, looped,
-odd N), for compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong result."""
+odd N, FP8 output), for compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong result."""
 import cupy
 import numpy as np
 
@@ -29,5 +29,34 @@ for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
         if not err < (1e-2 if dtype == "float16" else 1e-4):
             print("MISMATCH", "staged" if staged else "registers", dtype, M, N, err)
             ok = False
+# FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
+# misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).
+cn._staged_ok = staged_ok
+for dtype in ("float32", "float16"):
+    for (M, N) in ((0, 64), (3, 7), (5, 781), (9, 1024), (6, 4096), (2, 16384), (2, 65536)):
+        x = rng.standard_normal((M, N)).astype(dtype)
+        w = rng.standard_normal(N).astype(dtype)
+        X, W = cupy.asarray(x), cupy.asarray(w)
+        for fmt in ("e4m3", "e5m2"):
+            s = 448.0 / 4 if fmt == "e4m3" else 57344.0 / 4
+            t, h, m, r = fk.layer_norm(X, W, W, residual=X, return_stats=True, fp8_fmt=fmt, fp8_scale=s)
+            y32, _ = fk.layer_norm(X, W, W, residual=X, out_dtype="float32")
+            t2 = fk.rms_norm(X, W, fp8_fmt=fmt, fp8_scale=cupy.full((1,), s, cupy.float32))
+            y32b = fk.rms_norm(X, W, out_dtype="float32")
+            cupy.cuda.Device().synchronize()
+            for name, tt, yy in (("layer_norm", t, y32), ("rms_norm", t2, y32b)):
+                d, sinv, amax = ref.fp8.quantize_delayed(yy.get(), s, fmt)
+                if not (np.array_equal(tt.data.get(), d) and tt.scale_inv.get()[0] == sinv
+                        and tt.amax.get()[0] == amax):
+                    print("MISMATCH fp8", name, dtype, fmt, M, N)
+                    ok = False
+flat = cupy.asarray(rng.standard_normal(5 * 1024 + 1).astype("float32"))
+Xm = flat[1:].reshape(5, 1024)
+t = fk.layer_norm(Xm, fp8_fmt="e4m3", fp8_scale=100.0)
+d = ref.fp8.quantize_delayed(fk.layer_norm(Xm, out_dtype="float32").get(), 100.0, "e4m3")[0]
+cupy.cuda.Device().synchronize()
+if not np.array_equal(t.data.get(), d):
+    print("MISMATCH fp8 misaligned")
+    ok = False
 print("sanitize_norms:", "ok" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

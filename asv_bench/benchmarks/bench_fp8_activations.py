@@ -10,8 +10,12 @@ CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
     "fp8_quantize_delayed": (16384, 8192),
     "fp8_quantize_current": (16384, 8192),
     "fp8_cast_transpose": (16384, 8192),
+    "fp8_cast_transpose_dbias": (16384, 8192),
+    "fp8_dact_cast_transpose": (16384, 8192),
     "gelu_fwd": (16384, 8192),
     "swiglu_fwd": (16384, 8192),
+    "layer_norm_fp8_fwd": (16384, 8192),
+    "rms_norm_fp8_fwd": (16384, 8192),
 }
 
 
@@ -22,8 +26,17 @@ def _call(op, x, scale):
         return lambda: fusedkit.quantize(x, fmt="e4m3")
     if op == "fp8_cast_transpose":
         return lambda: fusedkit.cast_transpose(x, fmt="e4m3", scale=scale)
+    if op == "fp8_cast_transpose_dbias":
+        return lambda: fusedkit.cast_transpose_dbias(x, fmt="e5m2", scale=scale)
+    if op == "fp8_dact_cast_transpose":  # dgelu + dbias; dy a second buffer (no L2 reuse of x)
+        dy = x.clone() if hasattr(x, "clone") else x.copy()
+        return lambda: fusedkit.dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=scale, dbias=True)
     if op == "gelu_fwd":
         return lambda: fusedkit.gelu(x)
+    if op == "layer_norm_fp8_fwd":  # no weights: the byte model counts x and the FP8 bytes only
+        return lambda: fusedkit.layer_norm(x, fp8_fmt="e4m3", fp8_scale=scale)
+    if op == "rms_norm_fp8_fwd":
+        return lambda: fusedkit.rms_norm(x, fp8_fmt="e4m3", fp8_scale=scale)
     return lambda: fusedkit.swiglu(x)
 
 

@@ -75,20 +75,26 @@ __device__ __forceinline__ Vec<unsigned char, VEC> cast_fp8_vec(const float (&v)
 }
 
 // Block-wide max of v (>= 0 values; NaN ignored as fmaxf does) merged into *amax_out with an atomicMax
-// on the float's bits (valid for non-negative floats; order-independent, so deterministic). 1-D blocks,
-// every thread calls it (one barrier).
-__device__ __forceinline__ void block_amax_merge(float v, float* amax_out) {
+// on the float's bits (valid for non-negative floats; order-independent, so deterministic). Any block
+// shape: tid is the flat thread index, nthreads the block size (a multiple of 32, at most 1024); every
+// thread calls it (one barrier).
+__device__ __forceinline__ void block_amax_merge_flat(float v, float* amax_out, unsigned tid, unsigned nthreads) {
   __shared__ float part[32];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid >> 5, lane = tid & 31;
   if (lane == 0) part[warp] = v;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     float m = part[0];
-    for (int i = 1; i < (int)(blockDim.x >> 5); ++i) m = fmaxf(m, part[i]);
+    for (int i = 1; i < (int)(nthreads >> 5); ++i) m = fmaxf(m, part[i]);
     atomicMax(reinterpret_cast<unsigned int*>(amax_out), __float_as_uint(m));
   }
+}
+
+// The same for 1-D blocks.
+__device__ __forceinline__ void block_amax_merge(float v, float* amax_out) {
+  block_amax_merge_flat(v, amax_out, threadIdx.x, blockDim.x);
 }
 
 }  // namespace fk

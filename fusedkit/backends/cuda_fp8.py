@@ -4,6 +4,7 @@ from __future__ import annotations
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
 from ._common import align_elems, grid_stride_blocks, launcher, vec_width
+from .cuda_activations import ACT_ID
 
 FILE = "fp8_cast.cu"
 SCALING_FILE = "fp8_scaling.cu"
@@ -48,24 +49,103 @@ def cast_transpose_expr(x_dt, fmt, vec, vt, current) -> str:
             f"{'true' if current else 'false'}>")
 
 
-CT_TILE = 64  # kCtTile in cuda/fp8_cast.cu
+CT_TILE = 64  # kCtTile in cuda/fp8_cast.cu (the fallback kernel)
+FT_TILE = 128  # kFtTile: the fast kernel's block tile (fp8_ct_tile)
+DBIAS_TILES = 4  # row tiles per block when fp8_ct_tile reduces dbias (partials: M / 512 rows)
+GRID_Y_MAX = 65535
+# activation name -> ACT of cuda/common/act.cuh (cuda_activations.ACT_ID); "gelu" is the tanh form, as
+# Transformer Engine's dgelu
+DACT_ID = {"gelu": ACT_ID["gelu_tanh"], **ACT_ID}
+
+
+def ct_tile_expr(x_dt, fmt, act, sums, vec) -> str:
+    return (f"fk::fp8_ct_tile<{CXX[x_dt]}, {FMT_CXX[fmt]}, {act}, {'true' if sums else 'false'}, {vec}>")
+
+
+def dact_values_expr(x_dt, act, vec) -> str:
+    return f"fk::fp8_dact_values<{CXX[x_dt]}, {act}, {vec}>"
+
+
+def ct_fast_vec(N, ins, outs) -> int:
+    """fp8_ct_tile's load width: 8 (16-byte row loads) when N % 8 == 0, every input pointer is 16-byte
+    aligned and every FP8 output 8-byte aligned; else 1 (scalar loads)."""
+    ok = N % 8 == 0 and all(p % 16 == 0 for p in ins if p) and all(p % 8 == 0 for p in outs if p)
+    return 8 if ok else 1
+
+
+def ct_grid(M, N, dbias) -> tuple[int, int]:
+    """fp8_ct_tile's grid: (128-column strips, blocks down the rows). With dbias the second number is
+    also the row count of the fp32 partial-sum scratch, and the first the number of ticket counters."""
+    m_tiles = -(-M // FT_TILE)
+    gy = -(-m_tiles // DBIAS_TILES) if dbias else m_tiles
+    return max(1, -(-N // FT_TILE)), max(1, min(gy, GRID_Y_MAX))
+
+
+def _current_amax(x, amax_in, n, x_dt, sp, device):
+    """First pass of current scaling of a plain cast: amax of x into amax_in (zeroed)."""
+    avec = _vec(n, x, x_dt)
+    launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
+        grid_stride_blocks(n // avec, THREADS, device), (THREADS, 1), 0, sp, x, amax_in, n)
+
+
+def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
+    """g = dy * act'(x): its amax into ``amax`` (zeroed) and / or g in fp32 into ``g`` (0 = not
+    wanted)."""
+    s = ITEMSIZE[x_dt]
+    full = 16 // s  # the registered widths: 16-byte vectors or scalars
+    avec = full if vec_width(n, s, align_elems(((x, s), (dy, s), (g, 4)))) == full else 1
+    launcher(FILE, dact_values_expr(x_dt, act, avec), "ppppq", device)(
+        grid_stride_blocks(n // avec, THREADS, device), (THREADS, 1), 0, sp, x, dy, amax, g, n)
 
 
 def cast_transpose(x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, M, N, x_dt, fmt, current,
                    eps, pow2, device, stream):
-    """x (M x N) -> out (M x N) and out_t (N x M) FP8 bytes; the scale arguments as in quantize."""
+    """x (M x N) -> out (M x N) and out_t (N x M) FP8 bytes; the scale arguments as in quantize.
+    fp8_ct_tile when N % 8 == 0 and the pointers are aligned (any M), else the 64 x 64 kernel."""
+    if ct_fast_vec(N, (x,), (out, out_t)) == 8:
+        return cast_transpose_fused(x, 0, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, 0, 0, 0,
+                                    M, N, x_dt, fmt, -1, current, eps, pow2, device, stream)
     n = M * N
     vec = _vec(N, x, x_dt, out)
     vt = 8 if M % 8 == 0 and out_t % 8 == 0 else 1
     sp = stream_ptr(stream)
     if current:
-        avec = _vec(n, x, x_dt)
-        launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
-            grid_stride_blocks(n // avec, THREADS, device), (THREADS, 1), 0, sp, x, amax_in, n)
+        _current_amax(x, amax_in, n, x_dt, sp, device)
     fn = launcher(FILE, cast_transpose_expr(x_dt, fmt, vec, vt, current), "ppppppppqifi", device)
     gx, gy = max(1, -(-N // CT_TILE)), max(1, -(-M // CT_TILE))
     fn((gx, gy), (THREADS, 1), 0, sp, x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, M, N,
        eps, pow2)
+
+
+def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, dbias_part,
+                         dbias_count, dbias, M, N, x_dt, fmt, act, current, eps, pow2, device, stream, g=0):
+    """fp8_ct_tile: the cast of x (act = -1) or of g = dy * act'(x) (act = DACT_ID[...]), row-wise and
+    transposed, optionally with dbias (column sums of the cast values). With dbias (``dbias_count``
+    not 0): ``dbias_part`` an fp32 scratch of ct_grid(M, N, True)[1] x N, ``dbias_count``
+    ct_grid(...)[0] zeroed uint32 ticket counters (left zeroed), ``dbias`` N values in x's dtype.
+    Current scaling: amax_in (zeroed) gets the amax first. out_t must be 8-byte aligned (a fresh
+    allocation). For act >= 0 where ct_fast_vec is 1, ``g`` must be an M x N fp32 scratch: g is written
+    there first and cast by the fp32 kernel, whose dbias is fp32 (``dbias`` then an fp32 buffer)."""
+    sp = stream_ptr(stream)
+    with_dbias = bool(dbias_count)  # never null when dbias is asked for (part / dbias are when N = 0)
+    vec = ct_fast_vec(N, (x, dy), (out, out_t))
+    if act >= 0 and vec == 1:
+        if not g and M * N:
+            raise ValueError("fusedkit: this dact_cast_transpose needs an fp32 scratch for g (internal error)")
+        _dact_values(x, dy, amax_in if current else 0, g, M * N, x_dt, act, sp, device)
+        x, dy, x_dt, act = g, 0, "float32", -1
+        vec = ct_fast_vec(N, (g,), (out, out_t))  # 8 when only the caller's views were misaligned
+        sums = True
+    else:
+        if current:
+            if act < 0:
+                _current_amax(x, amax_in, M * N, x_dt, sp, device)
+            else:
+                _dact_values(x, dy, amax_in, 0, M * N, x_dt, act, sp, device)
+        sums = with_dbias or act >= 0
+    fn = launcher(FILE, ct_tile_expr(x_dt, fmt, act, sums, vec), "ppppppppppppqifi", device)
+    fn(ct_grid(M, N, with_dbias), (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,
+       scale_out, scale_inv, amax_out, dbias_part if with_dbias else 0, dbias_count, dbias, M, N, eps, pow2)
 
 
 def blocks_expr(x_dt, fmt, mx, vec) -> str:
@@ -80,6 +160,21 @@ def quantize_blocks(x, out, scales, M, K, x_dt, fmt, mx, device, stream):
     grid = grid_stride_blocks(M * -(-K // (32 if mx else 128)) * lanes, THREADS, device)
     launcher(FILE, blocks_expr(x_dt, fmt, mx, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
                                                                     x, out, scales, M, K)
+
+
+def mx_cols_expr(x_dt, fmt, vec) -> str:
+    return f"fk::fp8_quantize_mx_cols<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}>"
+
+
+def quantize_mx_columnwise(x, out, scales, M, N, x_dt, fmt, device, stream):
+    """Column-wise MXFP8 of x (M x N): bytes (M x N) and E8M0 scales (ceil(M / 32) x N), each of 32 rows
+    of one column."""
+    c = 8 // ITEMSIZE[x_dt]  # columns per 8-byte row load
+    ok = N % c == 0 and x % 8 == 0 and out % c == 0 and scales % c == 0
+    vec = c if ok else 1
+    grid = grid_stride_blocks(-(-M // 32) * (N // vec), THREADS, device)
+    launcher(FILE, mx_cols_expr(x_dt, fmt, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
+                                                                 x, out, scales, M, N)
 
 
 def update_scales(history, scale, scale_inv, L, n, fp8_max, margin, most_recent, device, stream):
@@ -106,12 +201,21 @@ def all_expressions():
     for x_dt in ("float32", "float16", "bfloat16"):
         for vec in sorted({1, 16 // ITEMSIZE[x_dt]}):
             exprs.add(amax_expr(x_dt, vec))
+            for act in sorted(set(DACT_ID.values())):
+                exprs.add(dact_values_expr(x_dt, act, vec))
             for fmt in FMT_CXX:
                 for current in (False, True):
                     exprs.add(quantize_expr(x_dt, fmt, vec, current))
                     for vt in (1, 8):
                         exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
         for fmt in FMT_CXX:
+            exprs.add(ct_tile_expr(x_dt, fmt, -1, False, 8))  # cast_transpose (others: the 64 x 64 kernel)
+            for vec in (1, 8):  # cast_transpose_dbias (float, 1: also dact_cast_transpose's fallback)
+                exprs.add(ct_tile_expr(x_dt, fmt, -1, True, vec))
+            for act in sorted(set(DACT_ID.values())):
+                exprs.add(ct_tile_expr(x_dt, fmt, act, True, 8))  # dact_cast_transpose (+ dbias)
+            for cvec in (1, 8 // ITEMSIZE[x_dt]):
+                exprs.add(mx_cols_expr(x_dt, fmt, cvec))
             for bvec in (1, 8):
                 exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
                 for mx in (False, True):

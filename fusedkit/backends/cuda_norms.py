@@ -3,7 +3,8 @@
 Launch configs are small tables, not formulas scattered around: ``fwd_config`` / ``bwd_config`` pick
 the kernel kind, the vector width (16-byte accesses when N and the pointers allow), the warps per row
 and the vectors per thread, so that a row lives in registers; longer rows take the looped kernels.
-Forward: one group of rows per block (non-persistent). Backward: persistent, staged through shared
+Forward: one group of rows per block (non-persistent); ``forward_fp8`` is the same forward with FP8
+output (same configs, its own plan cache). Backward: persistent, staged through shared
 memory on sm_90 (bulk copies), with grid sizes from the compiled kernel's occupancy.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .. import _env, _jit
 from .._launch import Launcher, stream_ptr
 from ._common import align_elems, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
+from .cuda_fp8 import FMT_CXX
 
 FILE = "norms.cu"
 MAX_ITEMS_FWD = 8   # vectors of 16 B per thread (4 registers each, one buffer)
@@ -115,6 +117,15 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms) -> str:
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms) -> str:
+    """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config."""
+    f = FMT_CXX[fmt]
+    if cfg[0] == "rows":
+        vec, items, warps = cfg[1:4]
+        return f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}>"
+    return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
+
+
 def bwd_expr(cfg, x_dt, w_dt, rms) -> str:
     if cfg[0] in ("rows", "staged"):
         vec, items, warps = cfg[1:4]
@@ -201,6 +212,38 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
     if M > 0:
         fn(-(-M // rpb), block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, M, N, eps,
            zero_centered)
+
+
+_fwd_fp8_plans: dict = {}
+
+
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec):
+    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms)
+    k = _jit.get_kernel(FILE, expr, device)
+    if cfg[0] == "rows":
+        warps = cfg[3]
+        rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
+    else:
+        rpb, block = 1, (1024, 1)
+    _log_config("norm_fwd_fp8", expr, f"max(1, rows/{rpb})", block)
+    return Launcher(k.kernel, "pppppppppppqifi", device), block, rpb
+
+
+def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
+                zero_centered, rms, device, stream, config=None):
+    """Like ``forward`` with FP8 output: y (uint8 bytes) = sat(y32 * scale), scale read from the device
+    pointer ``scale``; writes ``scale_inv`` (1 element) and merges the amax of the fp32 y into ``amax``
+    (1 element, zeroed by the caller). Launched for M = 0 too (one block writes scale_inv)."""
+    s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
+    max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec)
+    plan = _fwd_fp8_plans.get(key)
+    if plan is None:
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec)
+    fn, block, rpb = plan
+    fn(max(1, -(-M // rpb)), block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
+       amax, M, N, eps, zero_centered)
 
 
 _bwd_plans: dict = {}
@@ -292,6 +335,8 @@ def all_expressions():
                     fc = fwd_config(N, ITEMSIZE[x_dt], rms)
                     for o_dt in sorted({x_dt, "float32"}):
                         exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms))
+                    for fmt in FMT_CXX:
+                        exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms))
                     for staged in (False, True):
                         exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms))
     return {f: sorted(e) for f, e in exprs.items()}

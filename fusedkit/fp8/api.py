@@ -30,15 +30,24 @@ def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
     return quantize(x, fmt=fmt, scale=scale, recipe=recipe, transpose=True)
 
 
-def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=False) -> FP8Tensor:
+def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=False,
+             columnwise=False) -> FP8Tensor:
     """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling;
     ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M)). With ``recipe`` an
     ``MXFP8Scaling`` or a ``BlockScaling``, block-scaled bytes and per-block scales; ``weight=True``
-    takes a BlockScaling's weight blocks (128 x 128) instead of its activation blocks (1 x 128)."""
+    takes a BlockScaling's weight blocks (128 x 128) instead of its activation blocks (1 x 128).
+    ``columnwise=True`` with ``MXFP8Scaling``: blocks of 32 rows of each column of x viewed as 2-D
+    (M, N), Transformer Engine's columnwise MXFP8 for the weight-gradient GEMM: ``.data`` in x's
+    layout, ``.scale_inv`` E8M0 bytes of shape (ceil(M / 32), N), ``.block == (32, 1)``."""
     f = as_format(fmt)
+    if columnwise and not isinstance(recipe, MXFP8Scaling):
+        raise ValueError("fusedkit.quantize: columnwise=True needs recipe=MXFP8Scaling() (column-wise "
+                         "blocks of 32 rows); per-tensor scales are the same either way")
     if isinstance(recipe, (MXFP8Scaling, BlockScaling)):
         if scale is not None or transpose:
             raise ValueError("fusedkit.quantize: block-scaled recipes take no `scale` and no `transpose`")
+        if columnwise:
+            return _quantize_mx_columnwise(x, f, recipe)
         return _quantize_blocks(x, f, recipe, weight)
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError("fusedkit.quantize: recipe must be CurrentScaling, MXFP8Scaling or BlockScaling; "
@@ -63,19 +72,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     sinv, sp = _interop.empty(kind, X, (1,), "float32")
     amax, ap = _interop.full(kind, X, (1,), "float32", 0.0)  # kernels merge into it (atomicMax)
     current = scale is None
-    if current:       # the amax pass fills `amax`, the cast derives the scale from it
-        _, scp = _interop.empty(kind, X, (1,), "float32")
-        ptrs = dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0)
-    elif hasattr(scale, "shape"):
-        if _interop.framework(scale) != kind:
-            raise TypeError(f"fusedkit.quantize: `scale` must be a {kind} array like x, or a float")
-        S = _interop.view(scale, kind, "scale")
-        if S.size != 1 or S.dtype != "float32":
-            raise ValueError("fusedkit.quantize: `scale` must be a float or a 1-element float32 array")
-        ptrs = dict(scale=S.ptr, amax_in=0, scale_out=0, amax_out=ap)
-    else:
-        _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
-        ptrs = dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
+    ptrs = _scale_ptrs(kind, X, scale, ap, "fusedkit.quantize")
     # launched for empty tensors too: block 0 writes scale_inv (and the current-scaling scale)
     args = (ptrs["scale"], ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"])
     opts = (x_dt, f.name, current, rec.amax_epsilon, int(rec.power_of_2_scales), X.device,
@@ -88,6 +85,126 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     data_t, dtp = _interop.empty(kind, X, (N, M), "uint8")
     cuda_fp8.cast_transpose(X.ptr, dp, dtp, *args, M, N, *opts)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
+
+
+def _scale_ptrs(kind, X, scale, ap, who):
+    """The scale pointers of a per-tensor cast whose zeroed amax buffer is at ``ap``: current scaling
+    (``scale`` None: the amax pass fills amax, the cast derives the scale from it) or delayed (a float,
+    or a 1-element fp32 device array of the caller's framework)."""
+    if scale is None:
+        _, scp = _interop.empty(kind, X, (1,), "float32")
+        return dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0)
+    if hasattr(scale, "shape"):
+        if _interop.framework(scale) != kind:
+            raise TypeError(f"{who}: `scale` must be a {kind} array like the input, or a float")
+        S = _interop.view(scale, kind, "scale")
+        if S.size != 1 or S.dtype != "float32":
+            raise ValueError(f"{who}: `scale` must be a float or a 1-element float32 array")
+        return dict(scale=S.ptr, amax_in=0, scale_out=0, amax_out=ap)
+    # the filled array is released at once: the caching allocators order its reuse after the launch
+    _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
+    return dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
+
+
+def cast_transpose_dbias(dy, *, fmt="e5m2", scale=None, recipe=None):
+    """Row-wise and transposed FP8 bytes of ``dy`` plus the bias gradient, in one pass (Transformer
+    Engine's ``cast_transpose_dbias``, for the backward of a linear layer with bias).
+
+    Returns ``(t, dbias)``: ``t`` an FP8Tensor (``.data``, ``.data_t`` of dy viewed as 2-D (M, N),
+    ``.scale_inv``, ``.amax``) and ``dbias[n] = sum over the rows of dy[:, n]`` (fp32 accumulation,
+    returned in dy's dtype; deterministic: fixed-order partial sums, no atomics). ``scale`` /
+    ``recipe`` as in :func:`quantize` (delayed scaling with ``scale``, else current scaling). Gradients
+    default to E5M2."""
+    t, db = _cast_transpose_fused(dy, None, None, fmt, scale, recipe, True, "fusedkit.cast_transpose_dbias")
+    return t, db
+
+
+def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, recipe=None, dbias=False):
+    """The backward of an activation fused with the FP8 cast-transpose of its result (Transformer
+    Engine's ``dgelu_cast_transpose_dbias`` and friends): ``g = dy * act'(x)`` in fp32, cast to FP8
+    row-wise and transposed in one pass that reads dy and x once.
+
+    ``activation``: ``"gelu"`` (= ``"gelu_tanh"``, TE's GeLU), ``"gelu_erf"``, ``"silu"``, ``"relu"``,
+    ``"squared_relu"``; ``x`` is the activation's input (bias already added), of dy's shape and dtype.
+    Returns the FP8Tensor of g (``.amax`` is the amax of g), or ``(t, dbias)`` with ``dbias=True``
+    (column sums of g over the rows of the 2-D view, fp32, returned in dy's dtype). ``scale`` /
+    ``recipe`` as in :func:`quantize`: delayed scaling with ``scale``, else current scaling (which
+    needs a first pass over dy and x for the amax of g)."""
+    t, db = _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, dbias, "fusedkit.dact_cast_transpose")
+    return (t, db) if dbias else t
+
+
+def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who):
+    f = as_format(fmt)
+    if recipe is not None and not isinstance(recipe, CurrentScaling):
+        raise TypeError(f"{who}: recipe must be None or a CurrentScaling; for delayed scaling pass the scale "
+                        f"from your amax history as `scale=` (block-scaled recipes are not fused here)")
+    rec = recipe or CurrentScaling()
+    if activation is not None and activation not in _ref.DACT_KINDS:
+        raise ValueError(f"{who}: activation must be one of {', '.join(_ref.DACT_KINDS)}, got {activation!r}")
+    kind = _interop.framework(dy)
+    _interop.check_same_framework(kind, (("x", x),))
+    d_dt = _dtypes.canonical(dy.dtype)
+    if d_dt not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"{who}: dy must be float32, float16 or bfloat16, got {d_dt}")
+    if len(dy.shape) == 0:
+        raise ValueError(f"{who}: dy needs at least one dimension (it is viewed as 2-D: rows x last dim)")
+    if x is not None and (tuple(x.shape) != tuple(dy.shape) or _dtypes.canonical(x.dtype) != d_dt):
+        raise ValueError(f"{who}: x must have dy's shape and dtype ({tuple(dy.shape)} {d_dt}), got "
+                         f"{tuple(x.shape)} {_dtypes.canonical(x.dtype)}")
+    if kind in _HOST:
+        da = _interop.to_numpy(dy, kind)
+        s = None if scale is None else np.float32(np.asarray(scale).reshape(()))
+        if x is None:
+            data, data_t, sinv, amax, db = _ref.cast_transpose_dbias(da, f, s, rec.amax_epsilon,
+                                                                     rec.power_of_2_scales)
+        else:
+            data, data_t, sinv, amax, db = _ref.dact_cast_transpose(da, _interop.to_numpy(x, kind), activation, f,
+                                                                    s, rec.amax_epsilon, rec.power_of_2_scales)
+        t = FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=_interop.from_numpy(data_t, kind))
+        return t, (_interop.from_numpy(db, kind) if want_dbias else None)
+    if kind == _interop.JAX:
+        raise NotImplementedError(f"{who} on JAX arrays is not implemented yet (issue 4)")
+    from ..backends import cuda_fp8
+
+    D = _interop.view(dy, kind, "dy")
+    X = _interop.view(x, kind, "x") if x is not None else None
+    _interop.same_device([D] + ([X] if X else []))
+    N = D.shape[-1]
+    M = D.size // N if N else 0
+    data, dp = _interop.empty(kind, D, D.shape, "uint8")
+    data_t, dtp = _interop.empty(kind, D, (N, M), "uint8")
+    sinv, sp = _interop.empty(kind, D, (1,), "float32")
+    gx, gy = cuda_fp8.ct_grid(M, N, want_dbias)
+    # amax (element 0, atomicMax target) and, with dbias, the kernel's gx ticket counters: one zeroed buffer
+    buf, bp = _interop.full(kind, D, (1 + (gx if want_dbias else 0),), "float32", 0.0)
+    amax = buf[:1]
+    ptrs = _scale_ptrs(kind, D, scale, bp, who)
+    # dact on rows the 16-byte loads can't take: g goes through an fp32 scratch (cast by the fp32 kernel,
+    # whose dbias is fp32: rounded to dy's dtype here)
+    g_path = X is not None and cuda_fp8.ct_fast_vec(N, (X.ptr, D.ptr), (dp, dtp)) == 1
+    db_dt = "float32" if g_path else d_dt
+    # scratch (part, g) is released on return, after the launches are queued: the caching allocators
+    # order its reuse after them on this stream
+    db, dbp, part, partp, g, gp = None, 0, None, 0, None, 0
+    if want_dbias:
+        db, dbp = _interop.empty(kind, D, (N,), db_dt)
+        part, partp = _interop.empty(kind, D, (gy, N), "float32")
+    if g_path:
+        g, gp = _interop.empty(kind, D, (M, N), "float32")
+    # launched for empty tensors too: block (0, 0) writes scale_inv; dbias of M = 0 rows is zeros
+    cuda_fp8.cast_transpose_fused(X.ptr if X else D.ptr, D.ptr if X else 0, dp, dtp, ptrs["scale"],
+                                  ptrs["amax_in"], ptrs["scale_out"], sp, ptrs["amax_out"], partp,
+                                  bp + 4 if want_dbias else 0, dbp, M, N, d_dt, f.name,
+                                  cuda_fp8.DACT_ID[activation] if X else -1, scale is None, rec.amax_epsilon,
+                                  int(rec.power_of_2_scales), D.device, _interop.stream(kind, D.device), g=gp)
+    if db is not None and db_dt != d_dt:
+        if kind == _interop.TORCH:
+            import torch
+            db = db.to(getattr(torch, d_dt))
+        else:
+            db = db.astype(d_dt)
+    return FP8Tensor(data, sinv, f, amax, data_t=data_t), db
 
 
 def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
@@ -132,6 +249,31 @@ def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
         cuda_fp8.quantize_blocks(X.ptr, dp, sp, M, K, X.dtype, f.name, mx, X.device,
                                  _interop.stream(kind, X.device))
     return FP8Tensor(data, sc, f, mode="mxfp8" if mx else "block", block=32 if mx else (1, 128))
+
+
+def _quantize_mx_columnwise(x, f, recipe) -> FP8Tensor:
+    """Column-wise MXFP8: bytes in x's layout, E8M0 scales (ceil(M / 32), N) of x viewed as 2-D."""
+    if recipe.block != 32:
+        raise ValueError(f"fusedkit.quantize: MXFP8 blocks are 32 elements, got {recipe.block}")
+    _dtypes.canonical(x.dtype)  # float32 / float16 / bfloat16, or a TypeError that says so
+    kind = _interop.framework(x)
+    if kind in _HOST:
+        data, sc = _ref.quantize_mxfp8_columnwise(_interop.to_numpy(x, kind), f, 32)
+        return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f, mode="mxfp8",
+                         block=(32, 1))
+    if kind == _interop.JAX:
+        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+    from ..backends import cuda_fp8
+
+    X = _interop.view(x, kind, "x")
+    N = X.shape[-1] if X.shape else 1
+    M = X.size // N if N else 0
+    data, dp = _interop.empty(kind, X, X.shape, "uint8")
+    sc, sp = _interop.empty(kind, X, (-(-M // 32), N), "uint8")
+    if M and N:
+        cuda_fp8.quantize_mx_columnwise(X.ptr, dp, sp, M, N, X.dtype, f.name, X.device,
+                                        _interop.stream(kind, X.device))
+    return FP8Tensor(data, sc, f, mode="mxfp8", block=(32, 1))
 
 
 def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):

@@ -9,7 +9,10 @@ from .formats import FP8Format, as_format
 class FP8Tensor:
     """uint8 ``data`` in the logical shape, ``scale_inv`` (per tensor, per MXFP8 block as E8M0 bytes, or
     per 2-D block as fp32), the format, the input's ``amax``, the scaling mode and an optional
-    transposed copy (``data_t``: the bytes viewed as 2-D (M, N), transposed to (N, M))."""
+    transposed copy (``data_t``: the bytes viewed as 2-D (M, N), transposed to (N, M)).
+    MXFP8 ``block``: 32 for row-wise blocks (scales (..., ceil(N / 32))), ``(32, 1)`` for column-wise
+    blocks of 32 rows (scales (ceil(M / 32), N), data still in the (M, N) layout, as Transformer
+    Engine's columnwise MXFP8)."""
 
     __slots__ = ("data", "scale_inv", "fmt", "amax", "mode", "block", "data_t")
 
@@ -31,6 +34,8 @@ class FP8Tensor:
         data = np.asarray(self.data)  # host NumPy / torch / JAX bytes
         if self.mode == "tensor":
             return ref.dequantize(data, self.scale_inv, self.fmt, dtype)
+        if self.mode == "mxfp8" and self.block == (32, 1):  # column-wise: 32 rows of a column
+            return ref.mxfp8_dequantize_columnwise(data, np.asarray(self.scale_inv), self.fmt, 32, dtype)
         if self.mode == "mxfp8":
             return ref.mxfp8_dequantize(data, self.scale_inv, self.fmt, self.block or 32, dtype)
         return ref.blockwise_dequantize(data, self.scale_inv, self.block, self.fmt, dtype)

@@ -97,6 +97,24 @@ def quantize_mxfp8(x, fmt="e4m3", block=32):
     return data, (e + 127).astype(np.uint8)
 
 
+def quantize_mxfp8_columnwise(x, fmt="e4m3", block=32):
+    """Column-wise MXFP8 (Transformer Engine's columnwise layout, the operand of the weight-gradient
+    GEMM): x viewed as 2-D (M = product of the leading dims, N); blocks of 32 consecutive rows of each
+    column, scaled as quantize_mxfp8 scales its blocks -> (data in x's shape, E8M0 scale bytes of shape
+    (ceil(M / 32), N))."""
+    x = np.asarray(x)
+    n = x.shape[-1] if x.ndim else 1
+    d_t, s_t = quantize_mxfp8(x.reshape(-1, n).T, fmt, block)  # blocks along the rows of each column
+    return np.ascontiguousarray(d_t.T).reshape(x.shape), np.ascontiguousarray(s_t.T)
+
+
+def mxfp8_dequantize_columnwise(data, scales, fmt="e4m3", block=32, dtype=np.float32):
+    d = np.asarray(data)
+    n = d.shape[-1] if d.ndim else 1
+    vals = mxfp8_dequantize(d.reshape(-1, n).T, np.asarray(scales).T, fmt, block, dtype)
+    return np.ascontiguousarray(vals.T).reshape(d.shape)
+
+
 def mxfp8_dequantize(data, scales, fmt="e4m3", block=32, dtype=np.float32):
     vals = fp8_to_float(data, fmt)
     b, K = _blocks_last(vals, block)
@@ -136,3 +154,59 @@ def blockwise_dequantize(data, scale_inv, block=(1, 128), fmt="e4m3", dtype=np.f
     vals = fp8_to_float(data, fmt)
     s = np.repeat(np.repeat(scale_inv, bm, axis=0), bk, axis=1)[: vals.shape[0], : vals.shape[1]]
     return (vals * s).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fused cast-transposes of gradients (Transformer Engine's cast_transpose_dbias and dgelu-cast-transpose)
+
+DACT_KINDS = {"gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu_erf": "gelu_erf", "silu": "silu",
+              "relu": "relu", "squared_relu": "squared_relu"}
+
+
+def dact_values(dy, x, activation="gelu"):
+    """g = dy * act'(x) in fp32 (inputs rounded to their storage dtype first): the values
+    ``dact_cast_transpose`` casts, act' from fusedkit.reference.activations.dact (GeLU-tanh and SiLU in
+    float64 rounded once, the kernels' fast sigmoid within a few ulp of it; ReLU and squared ReLU
+    exact, so their g is bit-exact)."""
+    from . import activations as _act
+    try:
+        kind = DACT_KINDS[activation]
+    except KeyError:
+        raise ValueError(f"fusedkit: activation must be one of {', '.join(DACT_KINDS)}, got {activation!r}") from None
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (np.asarray(dy).astype(F32) * _act.dact(np.asarray(x).astype(F32), kind)).astype(F32)
+
+
+def column_sums(g, dtype):
+    """dbias: the sums over the rows of g viewed as 2-D (M, N), in float64, rounded once to ``dtype``
+    (the kernels add in fp32; compare with a tolerance)."""
+    g = np.asarray(g, np.float64)
+    n = g.shape[-1] if g.ndim else 1
+    with np.errstate(over="ignore", invalid="ignore"):
+        return g.reshape(-1, n).sum(axis=0).astype(dtype)
+
+
+def _cast_both(v, fmt, scale, amax_epsilon, power_of_2_scales):
+    if scale is None:
+        data, sinv, a, _ = quantize_current(v, fmt, amax_epsilon, power_of_2_scales)
+    else:
+        data, sinv, a = quantize_delayed(v, scale, fmt)
+    return data, transpose_2d(data), sinv, a
+
+
+def cast_transpose_dbias(dy, fmt="e5m2", scale=None, amax_epsilon=0.0, power_of_2_scales=False):
+    """FP8 bytes of dy (row-wise and transposed), scale_inv, amax and dbias (column sums of dy in dy's
+    dtype) -> (data, data_t, scale_inv, amax, dbias). ``scale`` None: current scaling."""
+    dy = np.asarray(dy)
+    data, data_t, sinv, a = _cast_both(dy, fmt, scale, amax_epsilon, power_of_2_scales)
+    return data, data_t, sinv, a, column_sums(dy.astype(F32), dy.dtype)
+
+
+def dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=None, amax_epsilon=0.0,
+                        power_of_2_scales=False):
+    """FP8 bytes of g = dy * act'(x) (row-wise and transposed), scale_inv, amax of g and dbias (column
+    sums of g in dy's dtype) -> (data, data_t, scale_inv, amax, dbias). ``scale`` None: current scaling."""
+    dy = np.asarray(dy)
+    g = dact_values(dy, x, activation)
+    data, data_t, sinv, a = _cast_both(g, fmt, scale, amax_epsilon, power_of_2_scales)
+    return data, data_t, sinv, a, column_sums(g, dy.dtype)

@@ -2,6 +2,7 @@
 
 Numerics follow cuda/norms.cu: fp32 math, x + residual rounded to x's dtype before the statistics,
 exact two-pass mean / variance, rstd = 1 / sqrt(var + eps), g = w + 1 with zero_centered_gamma.
+``layer_norm_fp8`` / ``rms_norm_fp8``: the fp32 y cast to FP8 with a delayed scale (reference.fp8).
 """
 from __future__ import annotations
 
@@ -58,6 +59,34 @@ def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=N
              return_stats=False, residual=None):
     y, h, _, rstd = _forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, True)
     return _pack(y, h, (rstd,) if return_stats else ())
+
+
+def _forward_fp8(x, weight, bias, residual, eps, zero_centered_gamma, fp8_fmt, fp8_scale, return_stats, rms):
+    """The fp32 y of the forward above, cast with a delayed scale (reference.fp8.quantize_delayed):
+    (FP8Tensor with NumPy bytes, fp32 scalar scale_inv and amax of the fp32 y), then h, then the stats."""
+    from ..fp8.formats import as_format
+    from ..fp8.tensor import FP8Tensor
+    from .fp8 import quantize_delayed
+    f = as_format(fp8_fmt)
+    y, h, mean, rstd = _forward(x, weight, bias, residual, eps, zero_centered_gamma, F32, rms)
+    data, scale_inv, amax = quantize_delayed(y, F32(np.asarray(fp8_scale).reshape(())), f)
+    stats = ((rstd,) if rms else (mean, rstd)) if return_stats else ()
+    return _pack(FP8Tensor(data, scale_inv, f, amax), h, stats)
+
+
+def layer_norm_fp8(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, fp8_fmt="e4m3",
+                   fp8_scale=1.0, return_stats=False, residual=None):
+    """``layer_norm`` with FP8 output: the fp32 y as ``fusedkit.layer_norm(..., fp8_fmt=, fp8_scale=)``
+    returns it (an FP8Tensor; amax of the fp32 y before scaling, scale_inv = 1 / scale)."""
+    return _forward_fp8(x, weight, bias, residual, eps, zero_centered_gamma, fp8_fmt, fp8_scale, return_stats,
+                        False)
+
+
+def rms_norm_fp8(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, fp8_fmt="e4m3", fp8_scale=1.0,
+                 return_stats=False, residual=None):
+    """``rms_norm`` with FP8 output (see ``layer_norm_fp8``)."""
+    return _forward_fp8(x, weight, None, residual, eps, zero_centered_gamma, fp8_fmt, fp8_scale, return_stats,
+                        True)
 
 
 def _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):

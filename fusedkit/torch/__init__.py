@@ -16,6 +16,10 @@ from __future__ import annotations
 from ._activations import geglu, gelu, reglu, relu, silu, squared_relu, swiglu
 from ._functions import layer_norm, rms_norm
 from ._modules import LayerNorm, RMSNorm
+from ._cross_entropy import cross_entropy
+from ._softmax import log_softmax, softmax
 
 __all__ = ["layer_norm", "rms_norm", "LayerNorm", "RMSNorm", "gelu", "silu", "relu", "squared_relu",
            "swiglu", "geglu", "reglu"]
+__all__ += ["cross_entropy"]
+__all__ += ["softmax", "log_softmax"]

@@ -1,0 +1,440 @@
+// fusedkit/cuda/softmax.cu -- softmax and log-softmax over the last dimension, forward and backward,
+// with an input scale, a broadcast boolean mask and a causal mask (Transformer Engine's scaled /
+// scaled-masked / scaled-upper-triangular softmax in one family).
+//
+// Forward, row in registers (softmax_fwd): the thread mapping of norm_fwd (cuda/norms.cu). A row of N
+// elements is split into N / VEC vectors of 16 bytes (VEC = 8 for bf16/fp16, 4 for fp32; narrower when
+// N or a pointer's alignment demands). 32 * WARPS threads own one row; thread t holds vectors t, t + T,
+// ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so each warp load is one coalesced 512-byte access. Blocks
+// of fewer than 4 warps per row take RPB = 4 / WARPS rows. One group of rows per block,
+// non-persistent grid, plain loads, the row kept as raw storage in registers.
+//   Statistics: ONE reduction round. Each thread takes the max m_t of its values and
+//   s_t = sum exp(v - m_t); the (m, s) pairs are merged online (common/online_softmax.cuh: shuffles,
+//   then one shared-memory round across warps merged by a butterfly). Then y = exp(v - m) / s.
+//   Two exponentials per element (local sum, output), as a max-then-sum scheme would need without
+//   fp32 storage for the exponentials; one barrier round instead of two.
+// Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2, 4 or 8) owns a
+// row; CTA r holds the contiguous chunk of vectors [r * ceil(nvec / C), ...) in registers with the same
+// per-CTA mapping. The CTA's (m, s) is merged across the cluster through distributed shared memory
+// (common/cluster.cuh: cluster barrier, mapa + ld.shared::cluster, butterfly over C lanes), so every CTA
+// gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
+// Rows that fit neither (or GPUs without clusters) use softmax_fwd_looped: one row per 512-thread
+// block, an online (m, s) pass over global memory, then a second pass that re-reads x (mostly from L2)
+// and writes y: 6MN bytes; correct for any N.
+//
+// Masks (MASKING: 0 none, 1 causal, 2 boolean tensor, 3 both). Causal: row r is query q = r % Sq of an
+// (Sq, N) score matrix; columns j > q + N - Sq are masked (bottom-right aligned), computed from indices:
+// no mask traffic, and vectors entirely above the diagonal are not even loaded. Tensor: True = masked,
+// the mask broadcast to x's shape by strides: Python collapses x's leading dims into at most four
+// (n0..n3, row-major) with the mask's strides s0..s3 in bytes (0 on broadcast dims); mcol = 1 when the
+// mask has one byte per column (loaded as VEC-byte vectors), 0 when it broadcasts over the columns (one
+// byte per row). A thread keeps its mask as one 64-bit word (ITEMS * VEC <= 64). Masked values become
+// -inf; a fully masked row (or a row of -inf) has m = -inf, s = 0 and gives zeros, never NaN.
+//
+// Backward (softmax_bwd, _cluster, _looped; same row mappings): one reduction, D = sum(dy * y)
+// (log-softmax: D = sum(dy)), then dx = scale * y * (dy - D) (log-softmax: scale * (dy - exp(y) * D)).
+// Masked positions have y = 0 (log: -inf), so they get dx = 0 with no mask input.
+//
+// Bytes: forward read x + write y = 4MN for 2-byte dtypes (plus the mask: MN bytes when not
+// broadcast, usually far less; causal reads only the visible part of x); forward + backward
+// 4MN + 6MN = 10MN. Looped paths re-read their inputs (6MN forward, 10MN backward).
+//
+// Numerics: fp32 math; v = x * scale (one rounding), exponentials as exp2f((v - m) * log2 e) with the
+// subtraction first (exact near the max, so offsets of 1e4 cost nothing); y = exp * (1 / s) (softmax) or
+// (v - m) - log(s) (log-softmax); one rounding to the output dtype.
+// Variants considered: a max reduction followed by a sum reduction (two barrier rounds: dropped for the
+// online merge); a prescaled v * log2(e) folded into one FMA (loses ~1e-3 absolute in the exponent at
+// offsets of 1e4: dropped); keeping exp(v - m) in fp32 registers between passes (doubles the register
+// footprint: dropped); staging rows through shared memory with bulk copies (lost to registers for the
+// norm forward, not retried here).
+#include "common/dtypes.cuh"
+#include "common/vec.cuh"
+#include "common/reduce.cuh"
+#include "common/online_softmax.cuh"
+#include "common/cluster.cuh"
+
+namespace fk {
+
+constexpr int kSoftmaxLoopedThreads = 512;
+
+template <int WARPS>
+struct SoftmaxRowsPerBlock {
+  static constexpr int value = WARPS < 4 ? 4 / WARPS : 1;
+};
+
+// Minimum resident blocks asked of ptxas: 1024 threads' worth, i.e. at most 64 registers per thread.
+template <int THREADS>
+struct SoftmaxMinBlocks {
+  static constexpr int value = THREADS >= 1024 ? 1 : 1024 / THREADS;
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Broadcast-mask description shared by every row of a launch.
+struct MaskParams {
+  const unsigned char* mask;  // boolean bytes (null without a tensor mask)
+  long long sq;               // causal: rows of the (Sq, N) score matrix
+  long long n1, n2, n3;       // collapsed leading dims of x (n0 implicit), row-major
+  long long s0, s1, s2, s3;   // the mask's strides over them, in bytes (0 = broadcast)
+  int mcol;                   // 1: one mask byte per column; 0: one byte per row
+};
+
+// One row's mask: columns > limit are masked (causal; -1 masks the whole row), plus per-column bytes.
+struct RowMask {
+  const unsigned char* bytes;
+  long long limit;
+};
+
+template <int MASKING>
+__device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskParams& mp) {
+  RowMask rm{nullptr, (long long)N};
+  if constexpr ((MASKING & 1) != 0) rm.limit = row % mp.sq + N - mp.sq;
+  if constexpr ((MASKING & 2) != 0) {
+    long long r = row, off = 0;
+    if (mp.n3 > 1) { off += (r % mp.n3) * mp.s3; r /= mp.n3; }
+    if (mp.n2 > 1) { off += (r % mp.n2) * mp.s2; r /= mp.n2; }
+    if (mp.n1 > 1) { off += (r % mp.n1) * mp.s1; r /= mp.n1; }
+    off += r * mp.s0;
+    if (mp.mcol) {
+      rm.bytes = mp.mask + off;
+    } else if (mp.mask[off]) {
+      rm.limit = -1;
+    }
+  }
+  return rm;
+}
+
+// Mask bits of the vector starting at column c0 (bit j: column c0 + j is masked).
+template <int VEC, int MASKING>
+__device__ __forceinline__ unsigned vec_mask_bits(const RowMask& rm, long long c0) {
+  unsigned b = 0;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j)
+    if (c0 + j > rm.limit) b |= 1u << j;
+  if constexpr ((MASKING & 2) != 0) {
+    if (rm.bytes != nullptr && c0 <= rm.limit) {
+      const Vec<unsigned char, VEC> mv = load_vec<unsigned char, VEC>(rm.bytes + c0);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        if (mv.v[j]) b |= 1u << j;
+    }
+  }
+  return b;
+}
+
+// Loads this thread's vectors v0 + threadIdx.x + i * T_ROW (< vend) of one row; returns the mask bits
+// (bit i * VEC + j). Vectors that are entirely masked by the causal limit are not loaded.
+template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING>
+__device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ xrow,
+                                                         const RowMask& rm, int v0, int vend) {
+  static_assert(MASKING == 0 || ITEMS * VEC <= 64, "mask bits of a thread must fit 64 bits");
+  unsigned long long bits = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    const long long c0 = (long long)v * VEC;
+    if (v < vend && (MASKING == 0 || c0 <= rm.limit)) {
+      raw[i] = load_vec<T, VEC>(xrow + c0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
+    }
+    if constexpr (MASKING != 0) {
+      if (v < vend) bits |= (unsigned long long)vec_mask_bits<VEC, MASKING>(rm, c0) << (i * VEC);
+    }
+  }
+  return bits;
+}
+
+// fp32 value of element j of a stored vector, converted from the packed 32-bit words at every use.
+// Why not to_float: the compiler would keep unpacked or converted copies of the row alive across the
+// passes (NVVM hoists and CSEs them; ptxas CSEs identical instructions even from volatile asm), which
+// doubles the register footprint of a bf16/fp16 row (64 registers for 64 elements) and spilled under the
+// 64-register cap. So the conversions are volatile asm on the packed word, and the passes after the row
+// reduction use a second instruction form (FORM 1: prmt for bf16; sign flip, cvt, negate for fp16) that
+// ptxas cannot merge with the first. A conversion per use is free in a memory-bound kernel.
+template <int FORM>
+__device__ __forceinline__ float half_word_float(bf16, unsigned w, int hi) {
+  unsigned u;
+  if constexpr (FORM == 0) {
+    if (hi) {
+      asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(u) : "r"(w));
+    } else {
+      asm volatile("shl.b32 %0, %1, 16;" : "=r"(u) : "r"(w));
+    }
+  } else {
+    if (hi) {
+      asm volatile("prmt.b32 %0, %1, 0, 0x3244;" : "=r"(u) : "r"(w));
+    } else {
+      asm volatile("prmt.b32 %0, %1, 0, 0x1044;" : "=r"(u) : "r"(w));
+    }
+  }
+  return __uint_as_float(u);
+}
+template <int FORM>
+__device__ __forceinline__ float half_word_float(f16, unsigned w, int hi) {
+  float f;
+  if constexpr (FORM == 0) {
+    if (hi) {
+      asm volatile("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(w));
+    } else {
+      asm volatile("{.reg .f16 l, h; mov.b32 {l, h}, %1; cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(w));
+    }
+  } else {
+    if (hi) {
+      asm volatile("{.reg .b32 t; .reg .f16 l, h; xor.b32 t, %1, 0x80008000; mov.b32 {l, h}, t; cvt.f32.f16 %0, h; neg.f32 %0, %0;}"
+                   : "=f"(f) : "r"(w));
+    } else {
+      asm volatile("{.reg .b32 t; .reg .f16 l, h; xor.b32 t, %1, 0x80008000; mov.b32 {l, h}, t; cvt.f32.f16 %0, l; neg.f32 %0, %0;}"
+                   : "=f"(f) : "r"(w));
+    }
+  }
+  return f;
+}
+
+template <typename T, int VEC, int FORM = 0>
+__device__ __forceinline__ float elem_float(const Vec<T, VEC>& r, int j) {
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    const unsigned w = reinterpret_cast<const unsigned*>(&r)[j / 2];
+    return half_word_float<FORM>(T{}, w, j & 1);
+  } else if constexpr (sizeof(T) == 2) {
+    return half_word_float<FORM>(T{}, (unsigned)r.v[j].bits, 0);
+  } else {
+    return to_float(r.v[j]);
+  }
+}
+
+template <typename T, int VEC, int MASKING, int FORM = 0>
+__device__ __forceinline__ float scaled_value(const Vec<T, VEC>& r, int j, unsigned long long bits, int bit,
+                                              float scale) {
+  const float f = elem_float<T, VEC, FORM>(r, j) * scale;
+  if constexpr (MASKING != 0) return ((bits >> bit) & 1ull) ? neg_inf() : f;
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Forward, row (or a cluster's chunk of it) in registers.
+
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
+__device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
+                                                long long row, bool row_ok, int N, float scale, int v0,
+                                                int vend, float2* slot) {
+  constexpr int T_ROW = 32 * WARPS;
+  const long long base = row * (long long)N;
+  RowMask rm{nullptr, (long long)N};
+  if (row_ok) {
+    rm = row_mask<MASKING>(row, N, mp);
+  } else {
+    vend = v0;  // no data; the thread still takes part in the barriers
+  }
+  Vec<T, VEC> raw[ITEMS];
+  const unsigned long long bits = load_x_row<T, VEC, ITEMS, T_ROW, MASKING>(raw, x + base, rm, v0, vend);
+
+  float m = neg_inf();
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, scaled_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, scale));
+  const float m_loc = m == neg_inf() ? 0.f : m;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, scale), m_loc);
+
+  MaxSum st = row_max_sum<WARPS>(MaxSum{m, s});
+  if constexpr (CLUSTER > 1) {
+    st = cluster_max_sum<CLUSTER>(st, slot);
+    cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
+  }
+  if (!row_ok) return;
+  const float mg = st.m == neg_inf() ? 0.f : st.m;
+  const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
+  const float lse = LOG ? logf(st.s) : 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (v < vend) {
+      Vec<O, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float val = scaled_value<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, scale);
+        out.v[j] = from_float<O>(LOG ? (val - mg) - lse : exp_shifted(val, mg) * inv);
+      }
+      store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+    }
+  }
+}
+
+#define FK_SOFTMAX_FWD_PARAMS                                                                              \
+  const T *__restrict__ x, const unsigned char *__restrict__ mask, O *__restrict__ y, long long M, int N,  \
+      float scale, long long sq, long long n1, long long n2, long long n3, long long s0, long long s1,     \
+      long long s2, long long s3, int mcol
+#define FK_SOFTMAX_MASK_PARAMS MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol}
+
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
+__global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
+                                  SoftmaxMinBlocks<32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value>::value)
+softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
+  const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
+  const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING>(x, y, mp, row, row < M, N, scale, 0, N / VEC, nullptr);
+}
+
+// One row per cluster of CLUSTER CTAs (grid = M * CLUSTER, 1-D blocks of 32 * WARPS threads).
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
+__global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
+  __shared__ float2 slot;
+  const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
+  const long long row = blockIdx.x / CLUSTER;
+  const int rank = blockIdx.x % CLUSTER;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &slot);
+  cluster_wait();  // every CTA has read this CTA's slot
+}
+
+// Rows too long for registers: one row per block, two passes over global memory.
+template <typename T, typename O, int VEC, bool LOG, int MASKING>
+__global__ void __launch_bounds__(kSoftmaxLoopedThreads)
+softmax_fwd_looped(FK_SOFTMAX_FWD_PARAMS) {
+  constexpr int WARPS = kSoftmaxLoopedThreads / 32;
+  const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
+  const long long row = blockIdx.x;
+  const long long base = row * (long long)N;
+  const int nvec = N / VEC;
+  const RowMask rm = row_mask<MASKING>(row, N, mp);
+  float m = neg_inf(), s = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
+    Vec<T, VEC> raw[1];
+    const unsigned long long bits = load_x_row<T, VEC, 1, 1, MASKING>(raw, x + base, rm, v - (int)threadIdx.x, v + 1);
+    float vm = m;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) vm = fmaxf(vm, scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale));
+    s = rescale_sum(s, m, vm);
+    m = vm;
+    const float m_loc = m == neg_inf() ? 0.f : m;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale), m_loc);
+  }
+  const MaxSum st = row_max_sum<WARPS>(MaxSum{m, s});
+  const float mg = st.m == neg_inf() ? 0.f : st.m;
+  const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
+  const float lse = LOG ? logf(st.s) : 0.f;
+  for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
+    Vec<T, VEC> raw[1];
+    const unsigned long long bits = load_x_row<T, VEC, 1, 1, MASKING>(raw, x + base, rm, v - (int)threadIdx.x, v + 1);
+    Vec<O, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float val = scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale);
+      out.v[j] = from_float<O>(LOG ? (val - mg) - lse : exp_shifted(val, mg) * inv);
+    }
+    store_vec<O, VEC>(y + base + (long long)v * VEC, out);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward: dx = scale * y * (dy - sum(dy * y)); log-softmax: dx = scale * (dy - exp(y) * sum(dy)).
+
+template <bool LOG>
+__device__ __forceinline__ float bwd_term(float y, float dy) { return LOG ? dy : dy * y; }
+
+template <bool LOG>
+__device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale) {
+  return LOG ? scale * (dy - exp2f(y * kLog2e) * d) : scale * y * (dy - d);
+}
+
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
+                                                T* __restrict__ dx, long long row, bool row_ok, int N,
+                                                float scale, int v0, int vend, float2* slot) {
+  constexpr int T_ROW = 32 * WARPS;
+  const long long base = row * (long long)N;
+  Vec<T, VEC> yr[ITEMS], gr[ITEMS];
+  float d = 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (row_ok && v < vend) {
+      yr[i] = load_vec<T, VEC>(y + base + (long long)v * VEC);
+      gr[i] = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) yr[i].v[j] = gr[i].v[j] = from_float<T>(0.f);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) d += bwd_term<LOG>(elem_float<T, VEC>(yr[i], j), elem_float<T, VEC>(gr[i], j));
+  d = row_sum<WARPS>(d);
+  if constexpr (CLUSTER > 1) {
+    d = cluster_sum<CLUSTER>(d, slot);
+    cluster_arrive();
+  }
+  if (!row_ok) return;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (v < vend) {
+      Vec<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        out.v[j] = from_float<T>(bwd_dx<LOG>(elem_float<T, VEC, 1>(yr[i], j), elem_float<T, VEC, 1>(gr[i], j), d, scale));
+      store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
+    }
+  }
+}
+
+template <typename T, int VEC, int ITEMS, int WARPS, bool LOG>
+__global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
+                                  SoftmaxMinBlocks<32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value>::value)
+softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N, float scale) {
+  const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, 1, LOG>(dy, y, dx, row, row < M, N, scale, 0, N / VEC, nullptr);
+}
+
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
+                    float scale) {
+  __shared__ float2 slot;
+  const long long row = blockIdx.x / CLUSTER;
+  const int rank = blockIdx.x % CLUSTER;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &slot);
+  cluster_wait();
+}
+
+template <typename T, int VEC, bool LOG>
+__global__ void __launch_bounds__(kSoftmaxLoopedThreads)
+softmax_bwd_looped(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
+                   float scale) {
+  constexpr int WARPS = kSoftmaxLoopedThreads / 32;
+  const long long base = (long long)blockIdx.x * N;
+  const int nvec = N / VEC;
+  float d = 0.f;
+  for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
+    const Vec<T, VEC> yv = load_vec<T, VEC>(y + base + (long long)v * VEC);
+    const Vec<T, VEC> gv = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) d += bwd_term<LOG>(to_float(yv.v[j]), to_float(gv.v[j]));
+  }
+  d = row_sum<WARPS>(d);
+  for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
+    const Vec<T, VEC> yv = load_vec<T, VEC>(y + base + (long long)v * VEC);
+    const Vec<T, VEC> gv = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = from_float<T>(bwd_dx<LOG>(to_float(yv.v[j]), to_float(gv.v[j]), d, scale));
+    store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
+  }
+}
+
+}  // namespace fk

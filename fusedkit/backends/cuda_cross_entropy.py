@@ -1,0 +1,207 @@
+"""CUDA launches for the fused cross-entropy (kernels in cuda/cross_entropy.cu). Pointers in, no syncs.
+
+``fwd_config`` picks, per vocab size N, how a row lives on chip: one block's registers (``("rows", vec,
+items, warps, 1)``: 32 * warps threads x items vectors of vec elements; short rows pack 4 / warps rows
+per block), a thread-block cluster of C CTAs splitting the row (``("rows", vec, items, 16, C)``, sm_90+,
+launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond that,
+``("looped", vec)`` (two passes over global memory). Sequence of a call (all on the caller's stream):
+``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
+fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
+order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import _env, _jit
+from .._dtypes import CXX, ITEMSIZE
+from .._launch import Launcher, stream_ptr
+from ._common import align_elems, grid_stride_blocks, launcher, vec_width
+
+FILE = "cross_entropy.cu"
+CLUSTERS = (2, 4, 8)     # portable cluster sizes tried, smallest first
+LOOPED_THREADS = 512     # kCeLoopedThreads
+REDUCE_THREADS = 1024    # kCeReduceThreads
+REDUCE_CHUNK = 65536     # kCeReduceChunk: tokens per ce_reduce block (fixed, so sums are reproducible)
+BWD_THREADS = 256
+
+# Launch configs measured best on the H200, keyed by (N, itemsize): filled from sweeps (the rule in
+# fwd_config applies elsewhere). Empty until the first GPU sweep of this kernel.
+TUNED: dict = {}
+
+
+def regs_per_item(vec: int, itemsize: int) -> int:
+    """32-bit registers one vector of row data occupies (a 2-byte scalar still takes a register)."""
+    return max(1, vec * itemsize // 4)
+
+
+def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
+    """("rows", vec, items, warps, C) or ("looped", vec) for rows of N elements of ``itemsize`` bytes.
+
+    Rule: the fewest warps (1..16) with at most 8 registers of row data per thread, or 16 warps with at
+    most 16 (ptxas then fits 1024 threads per SM at <= 64 registers); else, with clusters (sm_90+), the
+    smallest cluster of 16-warp CTAs with at most 16 registers of data per thread, then 8 CTAs with up to
+    32 (one 512-thread block per SM); without clusters one 16-warp block with up to 32; else looped.
+    ``max_vec``: the pointers' alignment in elements (align_elems)."""
+    vec = vec_width(N, itemsize, max_vec)
+    if vec == vec_width(N, itemsize):
+        t = TUNED.get((N, itemsize))
+        if t is not None and (cluster or t[0] != "rows" or t[4] == 1):
+            return t
+    rpi = regs_per_item(vec, itemsize)
+    nv = N // vec
+    for warps in (1, 2, 4, 8, 16):
+        items = -(-nv // (32 * warps))
+        if items * rpi <= 8 or (warps == 16 and items * rpi <= 16):
+            return ("rows", vec, items, warps, 1)
+    if cluster:
+        for c in CLUSTERS:
+            items = -(-(-(-nv // c)) // 512)
+            if items * rpi <= 16:
+                return ("rows", vec, items, 16, c)
+        c = CLUSTERS[-1]
+    else:
+        c = 1
+    items = -(-(-(-nv // c)) // 512)
+    if items * rpi <= 32:
+        return ("rows", vec, items, 16, c)
+    return ("looped", vec)
+
+
+def rows_per_block(warps: int) -> int:
+    return 4 // warps if warps < 4 else 1
+
+
+def fwd_expr(cfg, dt: str) -> str:
+    if cfg[0] == "rows":
+        _, vec, items, warps, c = cfg
+        if c == 1:
+            return f"fk::ce_fwd<{CXX[dt]}, {vec}, {items}, {warps}>"
+        return f"fk::ce_fwd_cluster<{CXX[dt]}, {vec}, {items}, {warps}, {c}>"
+    return f"fk::ce_fwd_looped<{CXX[dt]}, {cfg[1]}>"
+
+
+def bwd_expr(dt: str, vec: int) -> str:
+    return f"fk::ce_bwd<{CXX[dt]}, {vec}>"
+
+
+REDUCE_EXPR = "fk::ce_reduce"
+REDUCE_FINAL_EXPR = "fk::ce_reduce_final"
+FWD_CODES = "ppppppqiiqfff"
+BWD_CODES = "ppppppqiiiqfff"
+REDUCE_CODES = "ppiqqppppi"
+REDUCE_FINAL_CODES = "ppippi"
+
+
+@lru_cache(maxsize=None)
+def clusters_ok(device: int) -> bool:
+    """Thread-block clusters exist from compute capability 9.0."""
+    import cupy
+    return cupy.cuda.Device(device).compute_capability >= "90"
+
+
+_plans: dict = {}
+_logged: set = set()
+
+
+def _max_active_clusters(fn: Launcher, block, device: int) -> int:
+    import cupy
+    with cupy.cuda.Device(device):
+        return fn.cluster.max_active_clusters(block)
+
+
+def _fwd_plan(N, dt, device, config, max_vec):
+    """(launcher, block, rows per block, cluster size) of the fused kernel; cached per shape/dtype."""
+    key = (N, dt, device, config, max_vec)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
+    expr = fwd_expr(cfg, dt)
+    k = _jit.get_kernel(FILE, expr, device)
+    if cfg[0] == "rows":
+        warps, c = cfg[3], cfg[4]
+        rpb = rows_per_block(warps) if c == 1 else 1
+        block = (32 * warps, rpb)
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
+        if c > 1 and _max_active_clusters(fn, block, device) < 1:
+            # the cluster cannot be resident (a partitioned GPU, MIG): the looped kernel always can
+            _env.debug(1, f"cross_entropy: {expr} cannot launch clusters of {c} here; using the looped kernel")
+            plan = _plans[key] = _fwd_plan(N, dt, device, ("looped", cfg[1]), max_vec)
+            return plan
+    else:
+        c, rpb, block = 1, 1, (LOOPED_THREADS, 1)
+        fn = Launcher(k.kernel, FWD_CODES, device)
+    if _env.DEBUG >= 1 and expr not in _logged:
+        _logged.add(expr)
+        _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c}")
+    plan = _plans[key] = (fn, block, rpb, c)
+    return plan
+
+
+def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index, smoothing, z_loss,
+            grad_scale, device, stream, config=None):
+    """The fused kernel: per-token loss (M floats) and, when their pointers are non-zero, lse and the
+    gradient (grad may equal logits: in place). count: pointer to the int count of non-ignored tokens
+    ("mean" with a gradient), else 0."""
+    if M == 0:
+        return
+    s = ITEMSIZE[dt]
+    max_vec = align_elems(((logits, s), (grad, s)))
+    fn, block, rpb, c = _fwd_plan(N, dt, device, config, max_vec)
+    fn(-(-M // rpb) * c, block, 0, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
+       int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
+
+
+def backward(grad_loss, per_token, logits, target, t32, lse, grad, count, M, N, dt, ignore_index, smoothing,
+             z_loss, grad_scale, device, stream):
+    """grad (M x N) from logits and the saved lse; the row scale is grad_scale * grad_loss[0 or row]
+    (grad_loss may be 0) / *count (count: pointer for "mean", else 0)."""
+    if M == 0:
+        return
+    s = ITEMSIZE[dt]
+    vec = vec_width(N, s, align_elems(((logits, s), (grad, s))))
+    nvec = N // vec
+    tx = 32
+    while tx < BWD_THREADS and tx < nvec:
+        tx *= 2
+    ty = BWD_THREADS // tx
+    grid = grid_stride_blocks(M, ty, device)
+    launcher(FILE, bwd_expr(dt, vec), BWD_CODES, device)(
+        grid, (tx, ty), 0, stream_ptr(stream), grad_loss, logits, target, lse, grad, count, M, N, int(t32),
+        int(per_token), int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
+
+
+def reduce(loss, target, t32, T, ignore_index, out, out_count, mean, device, stream, alloc):
+    """out = sum (or mean, with ``mean``) of the T per-token losses (loss may be 0: count only) and
+    out_count = the number of non-ignored targets (either output may be 0). Deterministic: fixed chunks
+    and trees. ``alloc(n, dtype)`` -> (keep-alive, pointer) for the block partials of large T."""
+    sp = stream_ptr(stream)
+    P = max(1, -(-T // REDUCE_CHUNK))
+    red = launcher(FILE, REDUCE_EXPR, REDUCE_CODES, device)
+    if P == 1:
+        red(1, (REDUCE_THREADS, 1), 0, sp, loss, target, int(t32), T, int(ignore_index), 0, 0, out, out_count,
+            int(mean))
+        return []
+    ks, psum = alloc(P, "float32")
+    kc, pcount = alloc(P, "int32")
+    red(P, (REDUCE_THREADS, 1), 0, sp, loss, target, int(t32), T, int(ignore_index), psum, pcount, 0, 0, int(mean))
+    launcher(FILE, REDUCE_FINAL_EXPR, REDUCE_FINAL_CODES, device)(
+        1, (REDUCE_THREADS, 1), 0, sp, psum, pcount, P, out, out_count, int(mean))
+    return [ks, kc]
+
+
+def all_expressions():
+    """Every instantiation the library requests for the tested and benchmarked vocab sizes (sm_90
+    cluster configs and the no-cluster ones), with and without 16-byte vectors, plus the reductions."""
+    exprs = {REDUCE_EXPR, REDUCE_FINAL_EXPR}
+    Ns = (1, 7, 781, 1024, 4096, 32768, 50257, 131072, 262144)
+    for dt in ("float32", "float16", "bfloat16"):
+        s = ITEMSIZE[dt]
+        for N in Ns:
+            for cluster in (True, False):
+                exprs.add(fwd_expr(fwd_config(N, s, cluster), dt))
+        for vec in sorted({1, 16 // s}):
+            exprs.add(fwd_expr(("looped", vec), dt))
+            exprs.add(bwd_expr(dt, vec))
+    return {FILE: sorted(exprs)}

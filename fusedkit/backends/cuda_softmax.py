@@ -1,0 +1,265 @@
+"""CUDA launches for softmax / log-softmax, forward and backward (kernels in cuda/softmax.cu).
+
+Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``):
+
+* ``("rows", vec, items, warps)``: a row in the registers of ``32 * warps`` threads, ``items`` vectors
+  of ``vec`` elements each (several rows per block when ``warps < 4``), as the norm forward.
+* ``("cluster", vec, items, warps, C)``: sm_90+, a thread-block cluster of C CTAs per row, each CTA
+  holding a contiguous chunk in registers; statistics merged through distributed shared memory.
+* ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
+
+The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
+``max_items`` vectors; if a row does not fit one block that way, the smallest cluster (2, 4, 8) that
+fits it; then 32 warps per CTA; then the looped kernel. ``max_items`` is 8 for the 2-byte forward (64
+elements per thread = 32 registers), 6 for the fp32 forward and 4 for the backward (y and dy). Every kernel is capped at
+64 registers per thread (two 512-thread CTAs per SM) and compiles without spills (tests/test_compile_all).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .. import _env
+from .._dtypes import CXX, ITEMSIZE
+from .._launch import stream_ptr
+from ._common import align_elems, launcher, vec_width
+
+FILE = "softmax.cu"
+MAX_ITEMS_FWD = {2: 8, 4: 6}  # by itemsize: 8 x 16 B of bf16/fp16; fp32 rows of 8 x 16 B spilled (masked, 64 regs)
+MAX_ITEMS_BWD = 4
+MAX_WARPS = 16
+CLUSTERS = (2, 4, 8)       # portable cluster sizes
+LOOPED_THREADS = 512       # kSoftmaxLoopedThreads in cuda/softmax.cu
+
+# Tuned (items, warps) per (N, itemsize) of the forward. Not swept for softmax yet: 8192 takes the
+# RMSNorm forward's winner (the same register-row kernel structure, benchmarks/results sweep_*1631Z);
+# the rule already gives the RMSNorm winners at 1024, 4096 and 16384. tools/sweep_softmax.py measures.
+TUNED_FWD: dict = {(8192, 2): (4, 8)}
+TUNED_BWD: dict = {}
+
+# MASKING template values (cuda/softmax.cu)
+MASK_NONE, MASK_CAUSAL, MASK_TENSOR, MASK_BOTH = 0, 1, 2, 3
+
+
+def _rule(N, itemsize, max_items, clusters, max_vec, tuned):
+    vec = vec_width(N, itemsize, max_vec)
+    t = tuned.get((N, itemsize))
+    if t is not None and vec == vec_width(N, itemsize):
+        return ("rows", vec) + tuple(t)
+    nv = N // vec
+    sizes = (1,) + tuple(clusters)
+
+    def make(c, items, warps):
+        return ("rows", vec, items, warps) if c == 1 else ("cluster", vec, items, warps, c)
+
+    for c in sizes:
+        nvc = -(-nv // c)
+        for warps in (1, 2, 4, 8, 16):
+            items = -(-nvc // (32 * warps))
+            if items <= 2 or (warps == MAX_WARPS and items <= max_items):
+                return make(c, items, warps)
+    for c in sizes:  # 1024-thread CTAs
+        nvc = -(-nv // c)
+        items = -(-nvc // 1024)
+        if items <= max_items:
+            return make(c, items, 32)
+    return ("looped", vec)
+
+
+def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
+    """Forward launch config for rows of N elements; ``clusters``: the device has thread-block
+    clusters (sm_90+); ``max_vec``: the pointers' alignment in elements (align_elems)."""
+    return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, TUNED_FWD)
+
+
+def bwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
+    """Backward launch config (reads y and dy: half the vectors per thread of the forward)."""
+    return _rule(N, itemsize, MAX_ITEMS_BWD, CLUSTERS if clusters else (), max_vec, TUNED_BWD)
+
+
+def rows_per_block(warps: int) -> int:
+    return 4 // warps if warps < 4 else 1
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def fwd_expr(cfg, x_dt, o_dt, log, masking) -> str:
+    T, O = CXX[x_dt], CXX[o_dt]
+    if cfg[0] == "rows":
+        vec, items, warps = cfg[1:4]
+        return f"fk::softmax_fwd<{T}, {O}, {vec}, {items}, {warps}, {_b(log)}, {masking}>"
+    if cfg[0] == "cluster":
+        vec, items, warps, c = cfg[1:5]
+        return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
+    return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
+
+
+def bwd_expr(cfg, dt, log) -> str:
+    T = CXX[dt]
+    if cfg[0] == "rows":
+        vec, items, warps = cfg[1:4]
+        return f"fk::softmax_bwd<{T}, {vec}, {items}, {warps}, {_b(log)}>"
+    if cfg[0] == "cluster":
+        vec, items, warps, c = cfg[1:5]
+        return f"fk::softmax_bwd_cluster<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
+    return f"fk::softmax_bwd_looped<{T}, {cfg[1]}, {_b(log)}>"
+
+
+def _geometry(cfg):
+    """(block, rows per block, blocks per row) of a config."""
+    if cfg[0] == "rows":
+        warps = cfg[3]
+        rpb = rows_per_block(warps)
+        return (32 * warps, rpb), rpb, 1
+    if cfg[0] == "cluster":
+        return (32 * cfg[3], 1), 1, cfg[4]
+    return (LOOPED_THREADS, 1), 1, 1
+
+
+def _grid(M, rpb, per_row) -> int:
+    return -(-M // rpb) * per_row
+
+
+# ----------------------------------------------------------------------------------------------------
+# masks
+
+def mask_layout(x_shape, mask_shape):
+    """How the kernels read a boolean mask broadcast to ``x_shape`` (the mask C-contiguous with its own
+    shape ``mask_shape``): ``(n1, n2, n3, s0, s1, s2, s3, mcol)``.
+
+    x's leading dims (all but the last) are collapsed into at most four row-major dims n0..n3 (n0
+    implicit), dims of size 1 dropped and neighbours merged whenever the mask's strides allow; s0..s3
+    are the mask's strides over them in bytes (0 where the mask broadcasts). ``mcol`` is 1 when the mask
+    has one byte per column, 0 when it broadcasts over the last dim. Raises ValueError when the pattern
+    needs more than four dims (five or more alternations of broadcast and non-broadcast dims).
+    """
+    nd = len(x_shape)
+    ms = (1,) * (nd - len(mask_shape)) + tuple(mask_shape)
+    strides, acc = [0] * nd, 1
+    for d in reversed(range(nd)):
+        strides[d] = acc if ms[d] != 1 else 0
+        acc *= ms[d]
+    mcol = 1 if ms[-1] != 1 else 0
+    dims: list = []
+    for d in range(nd - 1):
+        size, st = x_shape[d], strides[d]
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == st * size:   # previous dim is contiguous over this one (or both 0)
+            dims[-1] = (dims[-1][0] * size, st)
+        else:
+            dims.append((size, st))
+    if len(dims) > 4:
+        raise ValueError(f"fusedkit: the mask of shape {tuple(mask_shape)} broadcasts to {tuple(x_shape)} in a "
+                         f"pattern of {len(dims)} alternating dims; at most 4 are supported. Expand the mask "
+                         f"over some dims (e.g. mask.expand(...).contiguous()) or reshape x")
+    dims = [(1, 0)] * (4 - len(dims)) + dims
+    (_, s0), (n1, s1), (n2, s2), (n3, s3) = dims
+    return n1, n2, n3, s0, s1, s2, s3, mcol
+
+
+def mask_offset(row, layout) -> int:
+    """The byte offset of a row's mask in the kernels' arithmetic (row_mask in cuda/softmax.cu); for
+    tests."""
+    n1, n2, n3, s0, s1, s2, s3, _ = layout
+    off, r = 0, row
+    for n, s in ((n3, s3), (n2, s2), (n1, s1)):
+        if n > 1:
+            off += (r % n) * s
+            r //= n
+    return off + r * s0
+
+
+NO_MASK = (1, 1, 1, 1, 0, 0, 0, 0, 0)  # (sq, n1, n2, n3, s0, s1, s2, s3, mcol)
+
+
+# ----------------------------------------------------------------------------------------------------
+# launches
+
+@lru_cache(maxsize=None)
+def clusters_ok(device: int) -> bool:
+    """Thread-block clusters exist from compute capability 9.0."""
+    import cupy
+    return int(cupy.cuda.Device(device).compute_capability) >= 90
+
+
+_logged: set = set()
+
+
+def _log_config(op, expr, grid, block):
+    if _env.DEBUG >= 1 and expr not in _logged:
+        _logged.add(expr)
+        _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
+
+
+FWD_CODES = "pppqifqqqqqqqqi"
+BWD_CODES = "pppqif"
+
+_fwd_plans: dict = {}
+
+
+def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device, stream, config=None):
+    """y = softmax(x * scale) (log-softmax with ``log``) over rows of N; pointers in (mask 0 = none).
+
+    ``masking``: MASK_* above; ``mask_args`` = (sq, n1, n2, n3, s0, s1, s2, s3, mcol) (NO_MASK without a
+    mask; sq = the causal score matrix's rows)."""
+    s, os_ = ITEMSIZE[x_dt], ITEMSIZE[o_dt]
+    mcol = mask_args[-1]
+    max_vec = align_elems(((x, s), (y, os_), (mask if mcol else 0, 1)))
+    key = (N, x_dt, o_dt, log, masking, device, config, max_vec)
+    plan = _fwd_plans.get(key)
+    if plan is None:
+        cfg = config or fwd_config(N, s, clusters_ok(device), max_vec)
+        expr = fwd_expr(cfg, x_dt, o_dt, log, masking)
+        block, rpb, per_row = _geometry(cfg)
+        _log_config("softmax_fwd", expr, f"rows/{rpb}*{per_row}", block)
+        plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device), block, rpb, per_row)
+    fn, block, rpb, per_row = plan
+    if M > 0 and N > 0:
+        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *mask_args)
+
+
+_bwd_plans: dict = {}
+
+
+def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
+    """dx from dy and the forward's output y (all of dtype dt)."""
+    s = ITEMSIZE[dt]
+    max_vec = align_elems(((dy, s), (y, s), (dx, s)))
+    key = (N, dt, log, device, config, max_vec)
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        cfg = config or bwd_config(N, s, clusters_ok(device), max_vec)
+        expr = bwd_expr(cfg, dt, log)
+        block, rpb, per_row = _geometry(cfg)
+        _log_config("softmax_bwd", expr, f"rows/{rpb}*{per_row}", block)
+        plan = _bwd_plans[key] = (launcher(FILE, expr, BWD_CODES, device), block, rpb, per_row)
+    fn, block, rpb, per_row = plan
+    if M > 0 and N > 0:
+        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
+
+
+def all_expressions():
+    """The instantiations the compile-all check builds for each target: every config of the tested and
+    benchmarked N (with and without clusters) for the plain softmax, log-softmax and both backwards in
+    each dtype; the mask variants and fp32 output at a representative subset (each name is one more
+    kernel to compile on three targets, and CI has two cores)."""
+    exprs = set()
+    Ns = (1, 7, 781, 1024, 4096, 8192, 16384, 65536, 262144)
+    for dt in ("float32", "float16", "bfloat16"):
+        s = ITEMSIZE[dt]
+        for N in Ns:
+            for clusters in (True, False):
+                fc = fwd_config(N, s, clusters)
+                for log in (False, True):
+                    if log and N not in (7, 1024, 4096, 65536, 262144):
+                        continue
+                    exprs.add(fwd_expr(fc, dt, dt, log, MASK_NONE))
+                    exprs.add(bwd_expr(bwd_config(N, s, clusters), dt, log))
+                if N in (7, 1024, 4096, 65536, 262144):
+                    for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
+                        exprs.add(fwd_expr(fc, dt, dt, False, masking))
+                if N in (781, 4096, 65536) and dt != "float32":
+                    exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE))
+    return {FILE: sorted(exprs)}

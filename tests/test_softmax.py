@@ -1,0 +1,531 @@
+"""Softmax / log-softmax and their backwards: one body for every backend (NumPy CPU backend and torch CPU
+tensors always; CuPy and CUDA torch on a GPU, marked `gpu`).
+
+Every case draws fresh inputs from its own seed, rounded to the storage dtype before the float64
+reference (written here, independent of fusedkit.reference) sees them. Softmax values shrink like 1/N,
+so results are compared after dividing each row by the row's largest reference magnitude: the dtype
+tolerances of tests/_backends.py then mean what they say at every N.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import fusedkit as fk
+from fusedkit import reference as ref
+from fusedkit.backends import cuda_softmax as cs
+from _backends import assert_close, backend_params, framework_of, rand, skip_unsupported, to_backend, to_numpy
+
+DTYPES = ["float32", "float16", "bfloat16"]
+BACKENDS = backend_params(["numpy", "torch_cpu", "cupy", "torch"])  # JAX GPU arrays: not implemented (docs)
+SHAPES = {1: (5, 1), 7: (3, 7), 781: (2, 3, 781), 1024: (67, 1024), 4096: (9, 4096), 65536: (3, 65536),
+          262144: (2, 262144)}
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+# ------------------------------------------------------------------------------------------------
+# float64 references
+
+def hidden(shape, mask=None, causal=False):
+    h = np.zeros(shape, bool)
+    if mask is not None:
+        h |= np.broadcast_to(mask, shape)
+    if causal:
+        sq, sk = shape[-2], shape[-1]
+        h |= np.arange(sk)[None, :] > np.arange(sq)[:, None] + (sk - sq)
+    return h
+
+
+def softmax64(x, scale=1.0, hide=None):
+    v = x.astype(np.float64) * scale
+    if hide is not None:
+        v = np.where(hide, -np.inf, v)
+    m = v.max(-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    e = np.exp(v - m)
+    s = e.sum(-1, keepdims=True)
+    return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
+
+
+def log_softmax64(x, scale=1.0):
+    v = x.astype(np.float64) * scale
+    m = v.max(-1, keepdims=True)
+    return v - m - np.log(np.exp(v - m).sum(-1, keepdims=True))
+
+
+def grad64(x, dy, scale, log):
+    """d(loss)/dx for loss = sum(dy * f(x * scale)), f = softmax or log_softmax, from the Jacobian for
+    short rows (J = diag(p) - p p^T, or I - 1 p^T for log-softmax) and its closed form for long ones."""
+    p = softmax64(x, scale)
+    g = dy.astype(np.float64)
+    N = x.shape[-1]
+    if N <= 64:
+        pf, gf = p.reshape(-1, N), g.reshape(-1, N)
+        out = np.empty_like(pf)
+        for r in range(pf.shape[0]):
+            J = np.eye(N) - np.outer(np.ones(N), pf[r]) if log else np.diag(pf[r]) - np.outer(pf[r], pf[r])
+            out[r] = scale * (J.T @ gf[r])
+        return out.reshape(x.shape)
+    if log:
+        return scale * (g - p * g.sum(-1, keepdims=True))
+    return scale * p * (g - (g * p).sum(-1, keepdims=True))
+
+
+def assert_rows(got, want, dtype, what):
+    """Rows compared relative to each row's largest |want| (exact zeros where want's row is all zero)."""
+    g = to_numpy(got).astype(np.float64)
+    w = np.asarray(want, np.float64)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
+    den = np.abs(w).max(-1, keepdims=True) if w.size else np.ones(w.shape[:-1] + (1,))
+    zero_rows = np.broadcast_to(den == 0, w.shape)
+    assert np.all(g[zero_rows] == 0), f"{what}: rows that must be exactly zero are not"
+    den = np.where(den > 0, den, 1.0)
+    assert_close(g / den, w / den, dtype, what)
+
+
+# ------------------------------------------------------------------------------------------------
+# forward
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", list(SHAPES))
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_forward(backend, dtype, N, log):
+    skip_unsupported(backend, dtype)
+    shape = SHAPES[N]
+    rng = rng_for("fwd", backend, dtype, N, log)
+    x = rand(rng, shape, dtype, scale=3.0)
+    scale = 0.7
+    X = to_backend(x, backend)
+    y = fk.log_softmax(X, scale=scale) if log else fk.softmax(X, scale=scale)
+    assert framework_of(y) == framework_of(X)
+    assert to_numpy(y).dtype == x.dtype
+    if log:
+        assert_close(y, log_softmax64(x, scale), dtype, "log_softmax")
+        lse = np.log(np.exp(to_numpy(y).astype(np.float64)).sum(-1))
+        np.testing.assert_allclose(lse, 0.0, atol=2 * max(1e-5, 10 * float(np.finfo(x.dtype).eps)), err_msg="logsumexp(y)")
+    else:
+        assert_rows(y, softmax64(x, scale), dtype, "softmax")
+        sums = to_numpy(y).astype(np.float64).sum(-1)
+        np.testing.assert_allclose(sums, 1.0, atol=max(1e-5, float(np.finfo(x.dtype).eps)), err_msg="rows sum to 1")
+    if backend not in ("numpy", "torch_cpu"):  # the GPU kernels against the CPU backend
+        want = ref.log_softmax(x, scale=scale) if log else ref.softmax(x, scale=scale)
+        (assert_close if log else assert_rows)(y, want.astype(np.float64), dtype, "vs CPU backend")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [1e4, -1e4])
+@pytest.mark.parametrize("N", [781, 4096, 65536])
+def test_large_offsets(backend, dtype, offset, N):
+    """Inputs around +-1e4 (after rounding to the dtype): no overflow, no NaN, exact-enough results."""
+    skip_unsupported(backend, dtype)
+    rng = rng_for("offset", backend, dtype, offset, N)
+    x = rand(rng, (3, N), dtype, loc=offset, scale=4.0 if dtype == "float32" else 200.0)
+    X = to_backend(x, backend)
+    assert_rows(fk.softmax(X), softmax64(x), dtype, "softmax, offset input")
+    assert_close(fk.log_softmax(X), log_softmax64(x), dtype, "log_softmax, offset input")
+
+
+# (grid step, per-row constants) that keep x + c exact in each dtype
+SHIFTS = {"bfloat16": (1.0, [-120.0, 0.0, 64.0, 100.0]), "float16": (0.125, [-200.0, 0.0, 100.0, 200.0]),
+          "float32": (0.125, [-1e4, 0.0, 5e3, 1e4])}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [7, 1024, 65536])
+def test_shift_invariance(backend, dtype, N):
+    """softmax(x + c) == softmax(x) for a constant c per row (x on a grid where x + c is exact)."""
+    skip_unsupported(backend, dtype)
+    step, cs_ = SHIFTS[dtype]
+    rng = rng_for("shift", backend, dtype, N)
+    k = rng.integers(-6, 7, size=(len(cs_), N))
+    x = (k * step).astype(np.float32)
+    xs = x + np.asarray(cs_, np.float32)[:, None]
+    from fusedkit._dtypes import numpy_dtype
+    x, xs = x.astype(numpy_dtype(dtype)), xs.astype(numpy_dtype(dtype))
+    assert np.array_equal(xs.astype(np.float64) - x.astype(np.float64), np.broadcast_to(np.asarray(cs_)[:, None], x.shape))
+    y0 = to_numpy(fk.softmax(to_backend(x, backend))).astype(np.float64)
+    y1 = fk.softmax(to_backend(xs, backend))
+    assert_rows(y1, y0, dtype, "softmax(x + c) vs softmax(x)")
+    assert_rows(y1, softmax64(x), dtype, "softmax(x + c) vs float64")
+
+
+# ------------------------------------------------------------------------------------------------
+# masks
+
+X_SHAPES = [(2, 3, 5, 64), (2, 3, 4, 37)]
+MASK_FORMS = ["full", "b1qk", "11qk", "qk", "b11k", "k", "bhq1", "q1", "1", "b1q1", "h11"]
+
+
+def mask_shape(form, shape):
+    B, H, Q, K = shape
+    return {"full": (B, H, Q, K), "b1qk": (B, 1, Q, K), "11qk": (1, 1, Q, K), "qk": (Q, K), "b11k": (B, 1, 1, K),
+            "k": (K,), "bhq1": (B, H, Q, 1), "q1": (Q, 1), "1": (1,), "b1q1": (B, 1, Q, 1), "h11": (H, 1, 1)}[form]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", X_SHAPES, ids=str)
+@pytest.mark.parametrize("form", MASK_FORMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["mask", "mask+causal"])
+def test_masks(backend, dtype, shape, form, causal):
+    """Every broadcast form of a boolean mask (True = masked out), alone and with causal; rows that end
+    up fully masked are exactly zero."""
+    skip_unsupported(backend, dtype)
+    rng = rng_for("mask", backend, dtype, shape, form, causal)
+    x = rand(rng, shape, dtype, scale=2.0)
+    ms = mask_shape(form, shape)
+    mask = rng.random(ms) < 0.3
+    if ms[-1] != 1 and len(ms) >= 2 and ms[-2] > 1:
+        mask[..., 1, :] = True        # some rows fully masked
+    elif ms[-1] == 1 and mask.size > 1:
+        mask.flat[0], mask.flat[-1] = True, False
+    scale = 0.125
+    y = fk.softmax(to_backend(x, backend), scale=scale, mask=to_backend(mask, backend), causal=causal)
+    h = hidden(shape, mask, causal)
+    want = softmax64(x, scale, h)
+    assert not np.isnan(to_numpy(y).astype(np.float64)).any(), "NaN in a masked softmax"
+    assert_rows(y, want, dtype, f"mask {ms}{' + causal' if causal else ''}")
+    yn = to_numpy(y).astype(np.float64)
+    assert np.all(yn[np.broadcast_to(h, shape)] == 0), "masked positions must be exactly 0"
+    full = np.broadcast_to(h.all(-1), shape[:-1])
+    assert np.all(yn[full] == 0), "fully masked rows must be zero"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 16, 16), (2, 5, 12), (3, 7, 4), (2, 33, 1024), (1, 3, 65536)], ids=str)
+def test_causal(backend, dtype, shape):
+    """Square and rectangular (bottom-right aligned): row i sees columns j <= i + Sk - Sq; with Sq > Sk
+    the first Sq - Sk rows see nothing and are zero."""
+    skip_unsupported(backend, dtype)
+    rng = rng_for("causal", backend, dtype, shape)
+    x = rand(rng, shape, dtype, scale=2.0)
+    y = fk.softmax(to_backend(x, backend), causal=True, scale=0.5)
+    h = hidden(shape, None, True)
+    want = softmax64(x, 0.5, h)
+    assert_rows(y, want, dtype, "causal softmax")
+    yn = to_numpy(y).astype(np.float64)
+    assert np.all(yn[np.broadcast_to(h, shape)] == 0)
+    sq, sk = shape[-2], shape[-1]
+    if sq > sk:
+        assert np.all(yn[..., : sq - sk, :] == 0), "rows above the first visible one must be zero"
+        assert np.allclose(yn[..., sq - sk:, :].sum(-1), 1.0, atol=2e-2)
+    else:
+        np.testing.assert_allclose(yn.sum(-1), 1.0, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("N", [7, 4096, 65536])
+def test_fully_masked_and_neg_inf_rows_are_zero(backend, N):
+    skip_unsupported(backend, "float32")
+    rng = rng_for("allmasked", backend, N)
+    x = rand(rng, (4, N), "float32")
+    x[2] = -np.inf
+    mask = np.zeros((4, N), bool)
+    mask[1] = True
+    y = to_numpy(fk.softmax(to_backend(x, backend), mask=to_backend(mask, backend)))
+    assert not np.isnan(y).any()
+    assert np.all(y[1] == 0) and np.all(y[2] == 0)
+    assert_rows(y[[0, 3]], softmax64(x[[0, 3]]), "float32", "unmasked rows")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_stays_in_its_row(backend):
+    skip_unsupported(backend, "float32")
+    x = rand(rng_for("nan", backend), (4, 1024), "float32")
+    x[1, 5] = np.nan
+    x[2, 9] = np.inf
+    y = to_numpy(fk.softmax(to_backend(x, backend)))
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    assert_rows(y[[0, 3]], softmax64(x[[0, 3]]), "float32", "finite rows")
+
+
+# ------------------------------------------------------------------------------------------------
+# backward
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", list(SHAPES))
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_backward(backend, dtype, N, log):
+    """dx from the forward's y against the float64 gradient of the exact softmax at x."""
+    skip_unsupported(backend, dtype)
+    shape = SHAPES[N]
+    rng = rng_for("bwd", backend, dtype, N, log)
+    x = rand(rng, shape, dtype, scale=2.0)
+    dy = rand(rng, shape, dtype)
+    scale = 0.5
+    X, DY = to_backend(x, backend), to_backend(dy, backend)
+    if log:
+        dx = fk.log_softmax_backward(DY, fk.log_softmax(X, scale=scale), scale=scale)
+    else:
+        dx = fk.softmax_backward(DY, fk.softmax(X, scale=scale), scale=scale)
+    assert to_numpy(dx).dtype == dy.dtype
+    assert_rows(dx, grad64(x, dy, scale, log), dtype, "dx")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_of_masked_rows_is_zero(backend, dtype):
+    skip_unsupported(backend, dtype)
+    rng = rng_for("bwdmask", backend, dtype)
+    shape = (2, 4, 6, 40)
+    x, dy = rand(rng, shape, dtype), rand(rng, shape, dtype)
+    mask = rng.random((2, 1, 6, 40)) < 0.4
+    mask[:, :, 2] = True
+    y = fk.softmax(to_backend(x, backend), mask=to_backend(mask, backend), causal=True)
+    dx = to_numpy(fk.softmax_backward(to_backend(dy, backend), y)).astype(np.float64)
+    h = hidden(shape, mask, True)
+    assert np.all(dx[np.broadcast_to(h, shape)] == 0)
+    p = softmax64(x, 1.0, h)
+    g = dy.astype(np.float64)
+    assert_rows(dx, p * (g - (g * p).sum(-1, keepdims=True)), dtype, "masked dx")
+
+
+# ------------------------------------------------------------------------------------------------
+# edge cases and options
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 64), (2, 0, 16), (3, 0)], ids=str)
+def test_empty(backend, shape):
+    skip_unsupported(backend, "float16")
+    x = to_backend(np.zeros(shape, np.float16), backend)
+    for y in (fk.softmax(x), fk.log_softmax(x), fk.softmax(x, causal=len(shape) > 1),
+              fk.softmax_backward(x, x), fk.log_softmax_backward(x, x)):
+        assert tuple(y.shape) == shape and to_numpy(y).dtype == np.float16
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_out_dtype_float32(backend, dtype):
+    skip_unsupported(backend, dtype)
+    x = rand(rng_for("odt", backend, dtype), (5, 781), dtype, scale=3.0)
+    y = fk.softmax(to_backend(x, backend), out_dtype="float32")
+    assert to_numpy(y).dtype == np.float32
+    assert_rows(y, softmax64(x), "float32", "fp32 output of 16-bit input")
+    y = fk.log_softmax(to_backend(x, backend), out_dtype="float32")
+    assert_close(y, log_softmax64(x), "float32", "fp32 log_softmax output")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_axis_rules(backend):
+    skip_unsupported(backend, "float32")
+    x = rand(rng_for("axis", backend), (4, 8), "float32")
+    X = to_backend(x, backend)
+    assert_rows(fk.softmax(X, axis=1), softmax64(x), "float32", "axis=1 is the last axis")
+    with pytest.raises(ValueError, match="last axis"):
+        fk.softmax(X, axis=0)
+    with pytest.raises(ValueError, match="out of range"):
+        fk.softmax(X, axis=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_inputs(backend):
+    skip_unsupported(backend, "float32")
+    rng = rng_for("bad", backend)
+    x = to_backend(rand(rng, (2, 3, 8), "float32"), backend)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        fk.softmax(to_backend(np.zeros((4, 8), np.int32), backend))
+    with pytest.raises(TypeError, match="boolean"):
+        fk.softmax(x, mask=to_backend(np.zeros((3, 8), np.float32), backend))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        fk.softmax(x, mask=to_backend(np.zeros((4, 8), bool), backend))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        fk.softmax(x, mask=to_backend(np.zeros((5, 2, 3, 8), bool), backend))
+    with pytest.raises(ValueError, match="causal"):
+        fk.softmax(to_backend(np.zeros(8, np.float32), backend), causal=True)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        fk.softmax(to_backend(np.zeros((1,), np.float32), backend).reshape(()))
+    with pytest.raises(ValueError, match="dy"):
+        fk.softmax_backward(to_backend(np.zeros((2, 3, 7), np.float32), backend), x)
+    with pytest.raises(ValueError, match="dy"):
+        fk.log_softmax_backward(to_backend(np.zeros((2, 3, 8), np.float16), backend), x)
+    with pytest.raises(TypeError):
+        fk.softmax(x, out_dtype="int8")
+    if backend != "numpy":
+        with pytest.raises(TypeError, match="numpy|host"):
+            fk.softmax(x, mask=np.zeros((3, 8), bool))
+        with pytest.raises(TypeError, match="numpy|host"):
+            fk.softmax_backward(np.zeros((2, 3, 8), np.float32), x)
+
+
+def test_unknown_input_type():
+    with pytest.raises(TypeError, match="expects an array"):
+        fk.softmax([1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernels' mask addressing, checked on the CPU
+
+@pytest.mark.parametrize("x_shape, m_shape", [
+    ((2, 3, 5, 8), (2, 3, 5, 8)), ((2, 3, 5, 8), (2, 1, 5, 8)), ((2, 3, 5, 8), (1, 3, 1, 8)),
+    ((2, 3, 5, 8), (5, 8)), ((2, 3, 5, 8), (2, 1, 1, 8)), ((2, 3, 5, 8), (8,)), ((2, 3, 5, 8), (2, 3, 5, 1)),
+    ((2, 3, 5, 8), (3, 1, 1)), ((2, 3, 5, 8), (1,)), ((4, 2, 3, 5, 8), (4, 1, 3, 1, 8)),
+    ((2, 1, 3, 5, 8), (2, 1, 1, 5, 8)), ((7, 8), (7, 1)), ((3, 2, 3, 2, 3, 8), (3, 1, 3, 1, 1, 8)),
+])
+def test_mask_layout_matches_broadcasting(x_shape, m_shape):
+    layout = cs.mask_layout(x_shape, m_shape)
+    n = int(np.prod(m_shape))
+    ids = np.arange(n).reshape(m_shape)
+    full = np.broadcast_to(ids, x_shape).reshape(-1, x_shape[-1])
+    mcol = layout[-1]
+    for row in range(full.shape[0]):
+        off = cs.mask_offset(row, layout)
+        got = ids.reshape(-1)[off:off + x_shape[-1]] if mcol else np.full(x_shape[-1], ids.reshape(-1)[off])
+        np.testing.assert_array_equal(got, full[row], err_msg=f"row {row}")
+
+
+def test_mask_layout_too_many_alternations():
+    with pytest.raises(ValueError, match="at most 4"):
+        cs.mask_layout((2, 2, 2, 2, 2, 2, 2, 8), (2, 1, 2, 1, 2, 1, 2, 8))
+
+
+def test_configs():
+    """Every config covers its row, with the 64-element (mask-bit) cap per thread."""
+    for itemsize in (2, 4):
+        for N in (1, 7, 781, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 65537, 1 << 20):
+            for clusters in (True, False):
+                for cfg in (cs.fwd_config(N, itemsize, clusters), cs.bwd_config(N, itemsize, clusters)):
+                    if cfg[0] == "looped":
+                        continue
+                    vec, items, warps = cfg[1:4]
+                    c = cfg[4] if cfg[0] == "cluster" else 1
+                    assert c == 1 or clusters
+                    assert N % vec == 0 and items * vec <= 64
+                    assert c * 32 * warps * items * vec >= N, (N, cfg)
+    assert cs.fwd_config(262144, 2)[0] == "cluster" and cs.fwd_config(65536, 2)[0] == "cluster"
+    assert cs.bwd_config(262144, 2)[0] == "cluster"
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+def test_non_contiguous_raises(backend):
+    skip_unsupported(backend, "float32")
+    x = to_backend(np.ones((64, 32), np.float32), backend)
+    with pytest.raises(ValueError, match="contiguous"):
+        fk.softmax(x.T)
+    m = to_backend(np.zeros((32, 64), bool), backend)
+    with pytest.raises(ValueError, match="contiguous"):
+        fk.softmax(x, mask=m.T)
+
+
+@pytest.mark.gpu
+def test_wrong_device_mask():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 16, device="cuda")
+    with pytest.raises(TypeError, match="torch_cpu"):
+        fk.softmax(x, mask=torch.zeros(4, 16, dtype=torch.bool))
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Forces the forward and backward launch configs (then drops the cached launch plans)."""
+    def force(fwd_cfg, bwd_cfg):
+        monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: fwd_cfg)
+        monkeypatch.setattr(cs, "bwd_config", lambda *a, **k: bwd_cfg)
+        monkeypatch.setattr(cs, "_fwd_plans", {})
+        monkeypatch.setattr(cs, "_bwd_plans", {})
+    return force
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N, fwd_cfg, bwd_cfg", [
+    (4096, ("looped", 8), ("looped", 8)),
+    (4096, ("rows", 8, 1, 16), ("rows", 8, 2, 8)),
+    (4096, ("rows", 8, 8, 2), ("rows", 8, 4, 4)),
+    (4096, ("cluster", 8, 2, 4, 2), ("cluster", 8, 1, 4, 4)),
+    (4096, ("cluster", 8, 1, 2, 8), ("cluster", 8, 1, 4, 8)),
+    (1000, ("cluster", 8, 1, 4, 8), ("cluster", 8, 1, 1, 4)),     # chunks of 16 vectors, last CTA partial
+    (4104, ("cluster", 8, 4, 4, 4), ("looped", 8)),
+    (65536, ("rows", 8, 8, 32), ("cluster", 8, 4, 32, 2)),
+], ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "mask+causal"])
+def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
+    """Each kernel kind (rows, several rows per block, clusters of 2/4/8 with partial chunks, looped)
+    against the float64 reference, forward (plain / mask + causal, softmax and log) and backward."""
+    torch = pytest.importorskip("torch")
+    forced(fwd_cfg, bwd_cfg)
+    dtype = "bfloat16"
+    rng = rng_for("kinds", N, fwd_cfg, bwd_cfg, masked)
+    shape = (2, 3, 5, N)
+    x, dy = rand(rng, shape, dtype, scale=2.0), rand(rng, shape, dtype)
+    mask = (rng.random((2, 1, 5, N)) < 0.3) if masked else None
+    X, DY = to_backend(x, "torch"), to_backend(dy, "torch")
+    y = fk.softmax(X, mask=to_backend(mask, "torch"), causal=masked, scale=0.5)
+    h = hidden(shape, mask, masked) if masked else None
+    assert_rows(y, softmax64(x, 0.5, h), dtype, "y")
+    dx = fk.softmax_backward(DY, y, scale=0.5)
+    p, g = softmax64(x, 0.5, h), dy.astype(np.float64)
+    assert_rows(dx, 0.5 * p * (g - (g * p).sum(-1, keepdims=True)), dtype, "dx")
+    if not masked:
+        assert_close(fk.log_softmax(X), log_softmax64(x), dtype, "log_softmax")
+        dxl = fk.log_softmax_backward(DY, fk.log_softmax(X))
+        assert_rows(dxl, grad64(x, dy, 1.0, True), dtype, "log dx")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_misaligned_pointers(offset):
+    """Contiguous views that start off a 16-byte boundary (x, y, mask) take narrower vectors."""
+    torch = pytest.importorskip("torch")
+    M, N = 6, 4096
+    rng = rng_for("misaligned", offset)
+    x = rand(rng, (M * N + offset,), "float16", scale=2.0)
+    m = rng.random(M * N + offset) < 0.2
+    X = to_backend(x, "torch")[offset:].view(M, N)
+    MK = to_backend(m, "torch")[offset:].view(M, N)
+    x, m = x[offset:].reshape(M, N), m[offset:].reshape(M, N)
+    y = fk.softmax(X, mask=MK)
+    assert_rows(y, softmax64(x, 1.0, m), "float16", "y")
+    dx = fk.softmax_backward(X, y)
+    p, g = softmax64(x, 1.0, m), x.astype(np.float64)
+    assert_rows(dx, p * (g - (g * p).sum(-1, keepdims=True)), "float16", "dx")
+
+
+@pytest.mark.gpu
+def test_torch_non_default_stream():
+    torch = pytest.importorskip("torch")
+    x = rand(rng_for("stream"), (4096, 1024), "bfloat16", scale=2.0)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        X = to_backend(x, "torch")
+        y = fk.softmax(X)
+        z = y.float() * 2
+    s.synchronize()
+    assert_rows(z / 2, softmax64(x), "bfloat16", "on a side stream")
+
+
+# ------------------------------------------------------------------------------------------------
+# PyTorch autograd adapter (CPU tensors here; CUDA tensors on a GPU)
+
+@pytest.mark.parametrize("backend", backend_params(["torch_cpu", "torch"]))
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_torch_autograd(backend, log):
+    torch = pytest.importorskip("torch")
+    import fusedkit.torch as fkt
+    rng = rng_for("autograd", backend, log)
+    shape = (2, 3, 6, 40)
+    x = to_backend(rand(rng, shape, "float32", scale=2.0), backend).requires_grad_(True)
+    dy = to_backend(rand(rng, shape, "float32"), backend)
+    xr = x.detach().clone().requires_grad_(True)
+    if log:
+        y, want = fkt.log_softmax(x, scale=0.5), torch.log_softmax(xr * 0.5, -1)
+    else:
+        mask = to_backend(rng.random((2, 1, 6, 40)) < 0.3, backend)
+        y = fkt.softmax(x, scale=0.5, mask=mask, causal=True)
+        hide = mask | torch.ones(6, 40, dtype=torch.bool, device=mask.device).triu(40 - 6 + 1)
+        want = torch.softmax((xr * 0.5).masked_fill(hide, float("-inf")), -1)
+        want = torch.nan_to_num(want, nan=0.0)
+    (y * dy).sum().backward()
+    (want * dy).sum().backward()
+    assert_close(y.detach(), to_numpy(want.detach()).astype(np.float64), "float32", "y vs torch")
+    assert_close(x.grad, to_numpy(xr.grad).astype(np.float64), "float32", "dx vs torch autograd")

@@ -1,0 +1,78 @@
+"""Small softmax calls covering every kernel kind once (register rows with several rows per block and
+with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
+causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
+fp16, fp32 and an fp32 output), for compute-sanitizer memcheck / racecheck / synccheck. CuPy arrays (no
+bf16: the 16-bit paths are shared with fp16). Exits non-zero on a wrong result.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_softmax.py
+"""
+import cupy
+import numpy as np
+
+import fusedkit as fk
+from fusedkit import reference as ref
+from fusedkit.backends import cuda_softmax as cs
+
+rng = np.random.default_rng(0)
+ok = True
+seen = set()
+
+
+def check(what, got, want, tol):
+    global ok
+    g = cupy.asnumpy(got).astype(np.float64)
+    w = np.asarray(want, np.float64)
+    den = np.abs(w).max(-1, keepdims=True)
+    den = np.where(den > 0, den, 1.0)
+    err = np.abs(g - w) / den
+    if not (np.isfinite(g).all() and err.max() <= tol):
+        print("MISMATCH", what, float(np.nanmax(err)) if err.size else 0.0)
+        ok = False
+
+
+# (dtype, shape): configs from the real dispatch (see cs.fwd_config / bwd_config)
+CASES = [
+    ("float16", (3, 5, 7)),          # rows, vec 1, 4 rows per block
+    ("float16", (2, 3, 781)),        # rows, odd N, 16 warps
+    ("float16", (2, 5, 1024)),       # rows, 2 rows per block
+    ("float32", (3, 4096)),          # rows, fp32
+    ("float16", (2, 32768)),         # rows fwd (8 items x 16 warps), cluster 2 bwd
+    ("float16", (2, 65536)),         # cluster 2 fwd, cluster 4 bwd
+    ("float16", (1, 2, 262144)),     # cluster 8 fwd (512-thread CTAs) and bwd (1024-thread CTAs)
+    ("float32", (2, 65536)),         # fp32 clusters
+    ("float16", (2, 65544)),         # clusters with a partial last chunk
+    ("float16", (2, 65537)),         # looped fwd and bwd (odd N)
+    ("float32", (2, 262144)),        # looped bwd (fp32)
+]
+for dtype, shape in CASES:
+    x = (rng.standard_normal(shape) * 2).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    X, DY = cupy.asarray(x), cupy.asarray(dy)
+    N = shape[-1]
+    tol = 2e-5 if dtype == "float32" else 4e-3
+    seen.add(cs.fwd_config(N, np.dtype(dtype).itemsize)[0])
+    seen.add(cs.bwd_config(N, np.dtype(dtype).itemsize)[0])
+    # plain softmax, log-softmax, backwards
+    y = fk.softmax(X, scale=0.5)
+    check(f"softmax {dtype} {shape}", y, ref.softmax(x, scale=0.5), tol)
+    check(f"softmax_backward {dtype} {shape}", fk.softmax_backward(DY, y, scale=0.5),
+          ref.softmax_backward(dy, cupy.asnumpy(y), scale=0.5), tol)
+    yl = fk.log_softmax(X)
+    check(f"log_softmax {dtype} {shape}", yl, ref.log_softmax(x), tol * 50)
+    check(f"log_softmax_backward {dtype} {shape}", fk.log_softmax_backward(DY, yl),
+          ref.log_softmax_backward(dy, cupy.asnumpy(yl)), tol * 10)
+    if dtype == "float16":
+        check(f"softmax fp32 out {shape}", fk.softmax(X, out_dtype="float32"), ref.softmax(x, out_dtype=np.float32), 2e-5)
+    # masks: causal (rows = x.shape[-2] when 2-D+), per-column mask broadcast over dim 0, per-row mask, both
+    if len(shape) >= 2:
+        check(f"causal {dtype} {shape}", fk.softmax(X, causal=True), ref.softmax(x, causal=True), tol)
+        m_col = rng.random((1,) + shape[1:]) < 0.3
+        m_row = rng.random(shape[:-1] + (1,)) < 0.3
+        for name, m, causal in (("mask", m_col, False), ("row mask", m_row, False), ("mask+causal", m_col, True)):
+            y = fk.softmax(X, mask=cupy.asarray(m), causal=causal)
+            check(f"{name} {dtype} {shape}", y, ref.softmax(x, mask=m, causal=causal), tol)
+cupy.cuda.Device().synchronize()
+if seen != {"rows", "cluster", "looped"}:
+    print("kernel kinds covered:", sorted(seen), "(clusters need sm_90)")
+print("sanitize_softmax:", "ok" if ok else "FAILED")
+raise SystemExit(0 if ok else 1)

@@ -1,0 +1,82 @@
+"""Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
+vectors per thread), clusters (C CTAs x warps x vectors) and the looped kernel, forward and backward.
+
+    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144)
+
+Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
+argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_BWD (rows) or its rule.
+"""
+import json
+import os
+import sys
+
+import torch
+
+from fusedkit.backends import cuda_softmax as cs
+from fusedkit.bench import GpuTimer, copy_gbps
+
+
+def candidates(N, direction):
+    vec = 8
+    nv = N // vec
+    max_items = cs.MAX_ITEMS_FWD[2] if direction == "fwd" else cs.MAX_ITEMS_BWD
+    out = []
+    for c in (1, 2, 4, 8):
+        for warps in (1, 2, 4, 8, 16, 32):
+            for items in (1, 2, 4, 8):
+                cap = c * 32 * warps * items
+                if items > max_items or not cap >= nv > cap // 2:
+                    continue
+                if c > 1 and nv < 2048:      # clusters only for long rows
+                    continue
+                out.append(("rows", vec, items, warps) if c == 1 else ("cluster", vec, items, warps, c))
+    return out + [("looped", vec)]
+
+
+def main(out_path):
+    timer = GpuTimer(torch)
+    copy = copy_gbps(torch, timer)
+    stream = torch.cuda.current_stream().cuda_stream
+    ns = [int(n) for n in os.environ.get("SWEEP_NS", "1024,4096,8192,16384,65536,262144").split(",")]
+    results = []
+    for N in ns:
+        M = 2**27 // N
+        x = (torch.randn(M, N, device="cuda") * 2).bfloat16()
+        y = torch.empty_like(x)
+        dy = torch.randn(M, N, device="cuda").bfloat16()
+        dx = torch.empty_like(x)
+        for direction in os.environ.get("SWEEP_DIRS", "fwd,bwd").split(","):
+            best = None
+            for cfg in candidates(N, direction):
+                if direction == "fwd":
+                    def fn(cfg=cfg):
+                        cs.forward(x.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0, False,
+                                   cs.MASK_NONE, cs.NO_MASK, 0, stream, config=cfg)
+                    nbytes = 4 * M * N
+                else:
+                    def fn(cfg=cfg):
+                        cs.backward(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), M, N, "bfloat16", 1.0, False, 0,
+                                    stream, config=cfg)
+                    nbytes = 6 * M * N
+                try:
+                    ms = timer.ms(fn, rep=20, min_time_ms=60.0)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    print(f"{direction} N={N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    continue
+                gbps = nbytes / ms / 1e6
+                r = {"direction": direction, "N": N, "config": list(cfg), "ms": ms, "GBps": gbps,
+                     "of_copy": gbps / copy}
+                results.append(r)
+                print(f"{direction} N={N:6d} {str(cfg):40s} {ms:8.4f} ms {gbps:7.0f} GB/s {gbps / copy:.3f}", flush=True)
+                if best is None or ms < best["ms"]:
+                    best = r
+            if best:
+                print(f"BEST {direction} N={N}: {best['config']} {best['of_copy']:.3f} of copy", flush=True)
+        del x, y, dy, dx
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "sweep_softmax.json")
