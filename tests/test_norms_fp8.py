@@ -87,8 +87,11 @@ def _check(t, y32, scale, fmt, exact, what):
         np.testing.assert_array_equal(got, want, err_msg=f"{what}: bytes")
         assert _scalar(t.amax) == amax, f"{what}: amax {_scalar(t.amax)} != {amax}"
     else:
+        # one code apart, except where y cancels ((x - mean) of a mean-shifted row near 0): there a few
+        # fp32 ulp of y are several codes of the scaled value; the float64 bound below covers them
         diff = np.abs(_ordinal(got) - _ordinal(want))
-        assert (diff <= 1).all(), f"{what}: codes {diff.max()} steps apart"
+        near0 = np.abs(y32) <= 2.0**-13
+        assert ((diff <= 1) | near0).all(), f"{what}: codes {diff[~near0].max(initial=0)} steps apart"
         assert (diff > 0).mean() <= 1e-3 if diff.size else True, f"{what}: {(diff > 0).mean():.2%} differ"
         np.testing.assert_allclose(_scalar(t.amax), amax, rtol=1e-6, err_msg=f"{what}: amax")
 

@@ -8,6 +8,7 @@ tolerances of tests/_backends.py then mean what they say at every N.
 """
 import zlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -106,11 +107,11 @@ def test_forward(backend, dtype, N, log):
     if log:
         assert_close(y, log_softmax64(x, scale), dtype, "log_softmax")
         lse = np.log(np.exp(to_numpy(y).astype(np.float64)).sum(-1))
-        np.testing.assert_allclose(lse, 0.0, atol=2 * max(1e-5, 10 * float(np.finfo(x.dtype).eps)), err_msg="logsumexp(y)")
+        np.testing.assert_allclose(lse, 0.0, atol=2 * max(1e-5, 10 * float(ml_dtypes.finfo(x.dtype).eps)), err_msg="logsumexp(y)")
     else:
         assert_rows(y, softmax64(x, scale), dtype, "softmax")
         sums = to_numpy(y).astype(np.float64).sum(-1)
-        np.testing.assert_allclose(sums, 1.0, atol=max(1e-5, float(np.finfo(x.dtype).eps)), err_msg="rows sum to 1")
+        np.testing.assert_allclose(sums, 1.0, atol=max(1e-5, float(ml_dtypes.finfo(x.dtype).eps)), err_msg="rows sum to 1")
     if backend not in ("numpy", "torch_cpu"):  # the GPU kernels against the CPU backend
         want = ref.log_softmax(x, scale=scale) if log else ref.softmax(x, scale=scale)
         (assert_close if log else assert_rows)(y, want.astype(np.float64), dtype, "vs CPU backend")

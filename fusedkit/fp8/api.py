@@ -91,9 +91,12 @@ def _scale_ptrs(kind, X, scale, ap, who):
     """The scale pointers of a per-tensor cast whose zeroed amax buffer is at ``ap``: current scaling
     (``scale`` None: the amax pass fills amax, the cast derives the scale from it) or delayed (a float,
     or a 1-element fp32 device array of the caller's framework)."""
+    # "keep" holds the scratch arrays: the caller keeps the dict until its launches are queued (a
+    # scratch freed before then could be handed to a later allocation of the same call, e.g. the fp32 g
+    # of dact_cast_transpose, which then overwrote the scale; found on the H200, shape (5, 13))
     if scale is None:
-        _, scp = _interop.empty(kind, X, (1,), "float32")
-        return dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0)
+        keep, scp = _interop.empty(kind, X, (1,), "float32")
+        return dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0, keep=keep)
     if hasattr(scale, "shape"):
         if _interop.framework(scale) != kind:
             raise TypeError(f"{who}: `scale` must be a {kind} array like the input, or a float")
@@ -101,9 +104,8 @@ def _scale_ptrs(kind, X, scale, ap, who):
         if S.size != 1 or S.dtype != "float32":
             raise ValueError(f"{who}: `scale` must be a float or a 1-element float32 array")
         return dict(scale=S.ptr, amax_in=0, scale_out=0, amax_out=ap)
-    # the filled array is released at once: the caching allocators order its reuse after the launch
-    _, scp = _interop.full(kind, X, (1,), "float32", float(scale))
-    return dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap)
+    keep, scp = _interop.full(kind, X, (1,), "float32", float(scale))
+    return dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap, keep=keep)
 
 
 def cast_transpose_dbias(dy, *, fmt="e5m2", scale=None, recipe=None):
