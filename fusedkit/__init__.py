@@ -11,6 +11,7 @@ from .activations import (geglu, geglu_backward, gelu, gelu_backward, reglu, reg
                           swiglu_backward)
 from .cross_entropy import cross_entropy, cross_entropy_backward
 from .softmax import log_softmax, log_softmax_backward, softmax, softmax_backward  # noqa: E402
+from .fp8.gemm import fp8_gemm  # noqa: E402
 
 __all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
            "quantize", "cast_transpose", "cast_transpose_dbias", "dact_cast_transpose", "dequantize",
@@ -19,3 +20,4 @@ __all__ = ["__version__", "layer_norm", "layer_norm_backward", "rms_norm", "rms_
            "reglu_backward"]
 __all__ += ["cross_entropy", "cross_entropy_backward"]
 __all__ += ["softmax", "softmax_backward", "log_softmax", "log_softmax_backward"]
+__all__ += ["fp8_gemm"]

@@ -25,6 +25,7 @@ class Op:
     bytes_moved: Callable           # (M, N, itemsize) -> bytes one call must move
     reference: Callable             # CPU implementation with the public signature
     dtypes: tuple = FLOAT_DTYPES
+    flops: Callable | None = None   # (M, N, K) -> floating-point operations of one call (GEMMs)
 
     def supports(self, dtype: str, N: int) -> str | None:
         """None when supported, else the reason."""
@@ -154,3 +155,13 @@ def all_expressions() -> dict[str, list[str]]:
         for f, exprs in fam().items():
             out.setdefault(f, []).extend(exprs)
     return out
+
+
+# FP8 GEMM (cuda/fp8_gemm_sm90.cu): shapes are (M, N, K); the byte model reads A and B once and writes a
+# bf16 C (2MN); benchmarks report TFLOP/s = 2MNK / t.
+from .backends import cuda_gemm  # noqa: E402
+from .reference import gemm as _ref_gemm  # noqa: E402
+
+OPS["fp8_gemm"] = Op("fp8_gemm", cuda_gemm.FILE, cuda_gemm.config, lambda M, N, K: M * K + N * K + 2 * M * N,
+                     _ref_gemm.fp8_gemm, dtypes=("e4m3", "e5m2"), flops=lambda M, N, K: 2 * M * N * K)
+KERNEL_FAMILIES[cuda_gemm.FILE] = cuda_gemm.all_expressions

@@ -34,3 +34,18 @@ def test_cache_key_covers_headers(tmp_path, monkeypatch):
         monkeypatch.undo()
         _jit.sources.cache_clear()
     assert _jit.sources()[0] == orig
+
+
+def test_fp8_gemm_compiles_without_spills(monkeypatch):
+    """The FP8 GEMM family alone (``pytest tests/test_compile_all.py -k gemm``): every instantiation of
+    cuda/fp8_gemm_sm90.cu for each target, no spills on sm_90a."""
+    try:
+        _nvrtc.lib()
+    except _nvrtc.NVRTCError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e).splitlines()[0])
+    from fusedkit.backends import cuda_gemm
+    monkeypatch.setattr(compile_check, "all_expressions", cuda_gemm.all_expressions)
+    problems = compile_check.run(verbose=False)
+    assert not problems, "\n".join(problems)

@@ -10,6 +10,12 @@ from .recipes import (BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling
 from .tensor import FP8Tensor
 
 
+def fp8_gemm(a, b, **kwargs):
+    """FP8 GEMM ``a @ b.T`` with a fused epilogue (see ``fusedkit.fp8.gemm.fp8_gemm``)."""
+    from .gemm import fp8_gemm as _gemm  # imports the reference, which imports this package
+    return _gemm(a, b, **kwargs)
+
+
 def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
     """One delayed-scaling step for n tensors, in place (see ``fusedkit.fp8.api.update_scales``)."""
     from .api import update_scales as _update  # the API module imports the reference, which imports us
@@ -17,4 +23,4 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
 
 __all__ = ["E4M3", "E5M2", "FP8Format", "Format", "as_format", "DelayedScaling", "CurrentScaling",
            "MXFP8Scaling", "BlockScaling", "delayed_scale", "current_scale", "update_amax_history",
-           "FP8Tensor", "update_scales"]
+           "FP8Tensor", "update_scales", "fp8_gemm"]

@@ -1,0 +1,514 @@
+// fusedkit/cuda/fp8_gemm_sm90.cu -- FP8 GEMM for Hopper (sm_90a): C = A @ B.T with A (M x K) and B (N x K)
+// FP8 bytes, both K-major ("TN", the only layout Hopper's FP8 tensor-core instructions read from shared
+// memory, and cuBLASLt's FP8 layout), fp32 accumulation, a fused epilogue (issue 5).
+//
+// Algorithm (one kernel, fp8_gemm_sm90<TA, TB, BN, MODE, OUT, STAGES>):
+//   * Persistent tile scheduler: a grid of min(tiles, SMs) CTAs (one per SM: the stage ring takes ~200 KB
+//     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
+//     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
+//     along N, so the CTAs running at one time share A rows and B rows in L2.
+//   * Warp specialisation, 384 threads = 3 warpgroups. Warpgroup 0 is the producer: it gives registers
+//     back (setmaxnreg.dec 40) and one thread issues the TMA loads; warpgroups 1 and 2 are the consumers
+//     (setmaxnreg.inc 232), each owns 64 rows of the 128-row tile and all BN columns.
+//   * Loads: cp.async.bulk.tensor.2d through two tensor maps (built on the host by
+//     cuTensorMapEncodeTiled: uint8, box {128 (K), 128 or BN rows}, 128-byte swizzle, zero fill out of
+//     bounds, so M, N, K need not be tile multiples) into a ring of STAGES shared-memory stages of
+//     (128 + BN) x 128 bytes. Each stage has a "full" mbarrier (the producer's arrive.expect_tx, completed
+//     by the copy engine's byte count) and an "empty" mbarrier (one arrival per consumer warp, 8).
+//   * Math: per 128-K block a consumer warpgroup issues 4 x wgmma.mma_async.m64nBNk32.f32.TA.TB, A and B
+//     both from shared memory through 128B-swizzled K-major descriptors (SBO = 1024 B = 8 rows x 128 B;
+//     the k-th 32-byte slice of the swizzle atom is addressed by adding 32 k bytes to the start address,
+//     which works because every stage buffer is 1024-byte aligned and the hardware applies the XOR
+//     swizzle on the absolute address bits).
+//   * Accumulation modes (MODE):
+//       GEMM_FAST  (0): one fp32 wgmma accumulator over all of K (cuBLASLt's "fast accumulation"; the
+//                       tensor core's FP8 accumulation keeps fewer mantissa bits than fp32). The consumer
+//                       keeps one wgmma group in flight (wait_group 1) and releases the previous stage.
+//       GEMM_SPLIT (1): per-tensor scales, the wgmma accumulator restarts every 128 K and is promoted
+//                       (added) into a second fp32 register accumulator (use_split_accumulator=True,
+//                       TE's default for the forward GEMM).
+//       GEMM_BLOCK (2): DeepSeek block scaling: A scales 1 x 128 (per row and K block, (M, K/128) fp32),
+//                       B scales 128 x 128 (per N block and K block, (N/128, K/128) fp32). Every 128 K the
+//                       partial product is promoted with the scale product: acc_fp32 += wgmma * sa[row,kb]
+//                       * sb[nb,kb]; the consumer reads its two rows' A scales with __ldg before waiting
+//                       on the stage, so the loads overlap that wait. BN = 128, so a tile meets one B
+//                       scale per K block.
+//     Registers per consumer thread: BN/2 fp32 for the wgmma accumulator, plus BN/2 for the promoted one
+//     in SPLIT / BLOCK: so FAST runs 128 x 256 tiles (128 accumulators; 128 x 128 when 256-wide tiles
+//     would leave SMs idle), SPLIT / BLOCK 128 x 128 (64 + 64). ptxas (CUDA 13.0, sm_90a): 168 registers
+//     at entry (the __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
+//   * Epilogue (registers -> global, no shared memory): thread (warp w of its warpgroup, lane l) holds rows
+//     16 w + l / 4 and + 8 of its warpgroup's 64, columns 8 j + 2 (l % 4) + {0, 1} of every 8-column
+//     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8).
+//     v = alpha * acc (alpha = scale_inv_a * scale_inv_b read from device pointers; 1 in BLOCK mode,
+//     where the scales are already in), then + C (accumulate_into: C is the output, read in place),
+//     + bias[col] (fp32 or bf16, a run-time kind), then the activation (run-time id, common/act.cuh;
+//     -1 = none): cuBLASLt's order D = act(alpha A B^T + C + bias). FP8 outputs: byte = sat_rn(v *
+//     out_scale) (common/fp8.cuh), and amax(|v|) of the valid elements is merged per warp per tile into
+//     *amax with an atomicMax on the float bits (also for bf16 / fp32 outputs when amax is not null).
+//     The epilogue uses explicit __fmul_rn / __fadd_rn so every output type of one configuration sees the
+//     same fp32 v (the tests check the FP8 output against the fp32 output cast on the CPU, byte for byte).
+// Bytes moved: M K + N K (each operand read once per tile row / column: (N / BN) M K + (M / 128) N K from
+//   L2, the grouped walk keeps most of it there) + M N x out size (+ M N x out size for accumulate_into).
+//   FLOPs 2 M N K: compute-bound for M, N, K >= 1024.
+// Limits (checked in Python, fusedkit/fp8/gemm.py): M, N, K multiples of 16 (TMA row strides are
+//   multiples of 16 bytes; column pairs never straddle N); pointers 16-byte aligned.
+// Targets: the body needs sm_90a (wgmma, setmaxnreg); elsewhere (sm_80, sm_100a) the kernel compiles to a
+//   trap and the Python dispatch uses the dequantize + matmul fallback.
+// Variants tried: one fused epilogue loop with the run-time options (bias kind, activation, accumulate)
+//   tested inside it: ptxas unswitched it into ~40 copies of the loop (2752 bf16 packs instead of 64 in
+//   one 128 x 256 kernel, 55 s of NVRTC for 3 kernels); one pass per option (gemm_epilogue) compiles the
+//   same 3 kernels in 4.7 s.
+// Variants considered: an smem-staged TMA-store epilogue (stmatrix + cp.async.bulk.tensor store) would
+//   write whole lines; left for after the first H200 measurements (the persistent producer already
+//   prefetches the next tile's stages while the consumers run the epilogue). Two-CTA clusters with TMA
+//   multicast of B: also a later step. BN = 256 with promotion does not fit the register file (256
+//   accumulators per thread).
+#include "common/dtypes.cuh"
+#include "common/fp8.cuh"
+#include "common/act.cuh"
+
+// wgmma register lists (generated once, by hand-checked script: %0 .. %N-1 the accumulators, then the
+// two descriptors and the scale-d flag)
+#define FK_WG_REGS_64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FK_WG_TAIL_64 ", %64, %65, p, 1, 1;\n"
+#define FK_WG_PRED_64 "setp.ne.b32 p, %66, 0;\n"
+#define FK_WG_OPS_64(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define FK_WG_REGS_128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define FK_WG_TAIL_128 ", %128, %129, p, 1, 1;\n"
+#define FK_WG_PRED_128 "setp.ne.b32 p, %130, 0;\n"
+#define FK_WG_OPS_128(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+namespace fk {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FK_GEMM_SM90A 1
+#else
+#define FK_GEMM_SM90A 0
+#endif
+
+// A CUtensorMap as the kernel receives it: 128 opaque bytes, 64-byte aligned, passed by value as a
+// __grid_constant__ parameter (the host copies cuTensorMapEncodeTiled's result into the parameter buffer).
+struct alignas(64) TmaMap {
+  unsigned long long w[16];
+};
+
+enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
+enum GemmBias : int { GEMM_BIAS_NONE = 0, GEMM_BIAS_F32 = 1, GEMM_BIAS_BF16 = 2 };
+
+constexpr int kGemmBM = 128;      // tile rows (2 consumer warpgroups x 64)
+constexpr int kGemmBK = 128;      // K bytes per stage: one 128-byte swizzle atom row
+constexpr int kGemmThreads = 384; // producer warpgroup + 2 consumer warpgroups
+constexpr int kGemmGroupM = 8;    // tile-rows per group of the tile walk
+constexpr int kGemmConsumerWarps = 8;
+
+// Output types: float and bf16 are stored as such; the FP8 tags of common/fp8.cuh (E4M3, E5M2) as bytes.
+template <typename T> struct GemmOut { using store_t = T; static constexpr bool fp8 = false; };
+template <> struct GemmOut<E4M3> { using store_t = unsigned char; static constexpr bool fp8 = true; };
+template <> struct GemmOut<E5M2> { using store_t = unsigned char; static constexpr bool fp8 = true; };
+
+// ----------------------------------------------------------------------------------------------------
+// sm_90a primitives
+
+__device__ __forceinline__ unsigned gemm_smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#if FK_GEMM_SM90A
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+#if FK_GEMM_SM90A
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if FK_GEMM_SM90A
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+#endif
+}
+
+// Blocks until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if FK_GEMM_SM90A
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}"
+      :: "r"(bar), "r"(parity) : "memory");
+#endif
+}
+
+// 2-D tile load global -> shared through a tensor map; completes `bar` with the box's byte count
+// (out-of-bounds elements are zero-filled and still counted).
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, unsigned bar, int c0, int c1) {
+#if FK_GEMM_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+      :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+#if FK_GEMM_SM90A
+  asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+#endif
+}
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row
+// atoms 1024 bytes apart (SBO); LBO is unused for swizzled K-major layouts (set to 1).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr) {
+  unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);
+  d |= 1ull << 16;
+  d |= (unsigned long long)(1024 >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if FK_GEMM_SM90A
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if FK_GEMM_SM90A
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if FK_GEMM_SM90A
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#endif
+}
+
+// The accumulator registers pass through the asm as "+f": the compiler keeps them in registers and
+// orders every wgmma after the previous one (fences are still ours to issue).
+template <int BN, typename TA, typename TB> struct Wgmma;
+
+#if FK_GEMM_SM90A
+#define FK_WGMMA_DEF(BN, NR, TA, TB, SA, SB)                                                         \
+  template <> struct Wgmma<BN, TA, TB> {                                                              \
+    __device__ __forceinline__ static void mma(float (&d)[NR], unsigned long long da,                 \
+                                               unsigned long long db, int scale_d) {                  \
+      asm volatile("{\n.reg .pred p;\n" FK_WG_PRED_##NR                                               \
+                   "wgmma.mma_async.sync.aligned.m64n" #BN "k32.f32." SA "." SB " " FK_WG_REGS_##NR   \
+                   FK_WG_TAIL_##NR "}\n"                                                              \
+                   : FK_WG_OPS_##NR(d)                                                                \
+                   : "l"(da), "l"(db), "r"(scale_d));                                                 \
+    }                                                                                                 \
+  };
+#else
+#define FK_WGMMA_DEF(BN, NR, TA, TB, SA, SB)                                                         \
+  template <> struct Wgmma<BN, TA, TB> {                                                              \
+    __device__ __forceinline__ static void mma(float (&)[NR], unsigned long long, unsigned long long, \
+                                               int) {}                                                \
+  };
+#endif
+
+FK_WGMMA_DEF(128, 64, E4M3, E4M3, "e4m3", "e4m3")
+FK_WGMMA_DEF(128, 64, E4M3, E5M2, "e4m3", "e5m2")
+FK_WGMMA_DEF(128, 64, E5M2, E4M3, "e5m2", "e4m3")
+FK_WGMMA_DEF(128, 64, E5M2, E5M2, "e5m2", "e5m2")
+FK_WGMMA_DEF(256, 128, E4M3, E4M3, "e4m3", "e4m3")
+FK_WGMMA_DEF(256, 128, E4M3, E5M2, "e4m3", "e5m2")
+FK_WGMMA_DEF(256, 128, E5M2, E4M3, "e5m2", "e4m3")
+FK_WGMMA_DEF(256, 128, E5M2, E5M2, "e5m2", "e5m2")
+#undef FK_WGMMA_DEF
+
+// Tile t of the grouped walk -> (tile-row, tile-column).
+__device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles, int& tm, int& tn) {
+  const int per_group = kGemmGroupM * n_tiles;
+  const int group = t / per_group;
+  const int first_m = group * kGemmGroupM;
+  const int rows = min(m_tiles - first_m, kGemmGroupM);
+  const int r = t - group * per_group;
+  tm = first_m + r % rows;
+  tn = r / rows;
+}
+
+template <typename OUT>
+__device__ __forceinline__ float2 gemm_load_pair(const void* base, size_t idx) {
+  if constexpr (sizeof(OUT) == 4) {
+    return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + idx);
+  } else {
+    const unsigned u = *reinterpret_cast<const unsigned*>(static_cast<const bf16*>(base) + idx);
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+  }
+}
+
+// The epilogue of one tile, on the thread's finished fp32 accumulators x (wgmma layout: x[4 j + 2 h + e]
+// is row r0 + 8 h, column c0 + 8 j + e). Each option is a separate pass over all of x, with its run-time
+// test outside the pass: a test inside one fused loop made the compiler unswitch the loop into a copy
+// per option combination (some 40 copies of the store code; a minute of ptxas per kernel).
+template <typename OUT, int BN>
+__device__ __forceinline__ void gemm_epilogue(float (&x)[BN / 2], void* out, const void* bias, float* amax,
+                                              float alpha, float oscale, int r0, int c0, int M, int N,
+                                              int bias_kind, int act, int accumulate) {
+  using store_t = typename GemmOut<OUT>::store_t;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) x[i] = __fmul_rn(x[i], alpha);
+  if constexpr (!GemmOut<OUT>::fp8) {
+    if (accumulate) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = c0 + 8 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = r0 + 8 * h;
+          if (row < M && col < N) {
+            const float2 c = gemm_load_pair<OUT>(out, (size_t)row * N + col);
+            x[4 * j + 2 * h] = __fadd_rn(x[4 * j + 2 * h], c.x);
+            x[4 * j + 2 * h + 1] = __fadd_rn(x[4 * j + 2 * h + 1], c.y);
+          }
+        }
+      }
+    }
+  }
+  if (bias_kind != GEMM_BIAS_NONE) {
+    const bool f32 = bias_kind == GEMM_BIAS_F32;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = min(c0 + 8 * j, N - 2);        // columns past N are computed, never stored
+      const float b0 = f32 ? __ldg(static_cast<const float*>(bias) + col)
+                           : to_float(ldg(static_cast<const bf16*>(bias) + col));
+      const float b1 = f32 ? __ldg(static_cast<const float*>(bias) + col + 1)
+                           : to_float(ldg(static_cast<const bf16*>(bias) + col + 1));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        x[4 * j + 2 * h] = __fadd_rn(x[4 * j + 2 * h], b0);
+        x[4 * j + 2 * h + 1] = __fadd_rn(x[4 * j + 2 * h + 1], b1);
+      }
+    }
+  }
+  switch (act) {
+    case GELU_TANH:
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) x[i] = act_f<GELU_TANH>(x[i]);
+      break;
+    case GELU_ERF:
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) x[i] = act_f<GELU_ERF>(x[i]);
+      break;
+    case SILU:
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) x[i] = act_f<SILU>(x[i]);
+      break;
+    case RELU:
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) x[i] = act_f<RELU>(x[i]);
+      break;
+    case SQUARED_RELU:
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) x[i] = act_f<SQUARED_RELU>(x[i]);
+      break;
+    default:
+      break;
+  }
+  float am = 0.f;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = c0 + 8 * j;
+    if (col >= N) continue;                          // N is even: col + 1 < N too
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 8 * h;
+      if (row >= M) continue;
+      const size_t idx = (size_t)row * N + col;
+      const float x0 = x[4 * j + 2 * h], x1 = x[4 * j + 2 * h + 1];
+      am = fmaxf(am, fmaxf(fabsf(x0), fabsf(x1)));
+      if constexpr (GemmOut<OUT>::fp8) {
+        const unsigned short q = fp8x2_from_float<OUT>(__fmul_rn(x0, oscale), __fmul_rn(x1, oscale));
+        *reinterpret_cast<unsigned short*>(static_cast<store_t*>(out) + idx) = q;
+      } else if constexpr (sizeof(OUT) == 4) {
+        *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(x0, x1);
+      } else {
+        const unsigned lo = from_float<bf16>(x0).bits, hi = from_float<bf16>(x1).bits;
+        *reinterpret_cast<unsigned*>(static_cast<bf16*>(out) + idx) = lo | (hi << 16);
+      }
+    }
+  }
+  if (amax != nullptr) {                             // warp max, one atomic per warp and tile
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+    if ((threadIdx.x & 31) == 0 && am > 0.f) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(am));
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// The kernel. Dynamic shared memory: 1024 (alignment slack) + STAGES x (128 + BN) x 128 + 2 x STAGES x 8.
+//   scale_a / scale_b: per-tensor (1 fp32 each) or, in BLOCK mode, the (M, ceil(K/128)) and
+//   (ceil(N/128), ceil(K/128)) fp32 scale_inv arrays. out_scale: FP8 outputs only. amax: null or a
+//   zeroed fp32 (atomicMax). bias: null or N values of bias_kind. accumulate: C += (out read in place).
+template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b, void* out,
+              const void* bias, const float* scale_a, const float* scale_b, const float* out_scale,
+              float* amax, int M, int N, int K, int bias_kind, int act, int accumulate) {
+#if FK_GEMM_SM90A
+  static_assert(BN == 128 || BN == 256, "tile width");
+  static_assert(MODE == GEMM_FAST || BN == 128, "promoted accumulation needs BN = 128 (registers)");
+  constexpr int NR = BN / 2;                         // wgmma accumulators per thread
+  constexpr int NF = MODE == GEMM_FAST ? 1 : NR;     // promoted accumulators per thread
+  constexpr unsigned A_BYTES = kGemmBM * kGemmBK, B_BYTES = BN * kGemmBK;
+  constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+
+  extern __shared__ unsigned char gemm_smem_raw[];
+  const unsigned raw = gemm_smem_u32(gemm_smem_raw);
+  const unsigned base = (raw + 1023u) & ~1023u;      // swizzle atoms need 1024-byte aligned stages
+  const unsigned bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (STAGES + s); };
+  auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
+  auto stage_b = [&](int s) { return base + s * STAGE_BYTES + A_BYTES; };
+
+  const int warpgroup = threadIdx.x / 128;
+  const int m_tiles = (M + kGemmBM - 1) / kGemmBM, n_tiles = (N + BN - 1) / BN;
+  const int num_tiles = m_tiles * n_tiles;
+  const int k_blocks = (K + kGemmBK - 1) / kGemmBK;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&tma_a);
+    tma_prefetch_map(&tma_b);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), 1);
+      mbar_init(empty_bar(s), kGemmConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---------------------------------------------------------------- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      int s = 0;
+      unsigned phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int tm, tn;
+        gemm_tile_coords(t, m_tiles, n_tiles, tm, tn);
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          mbar_wait(empty_bar(s), phase ^ 1u);
+          mbar_expect_tx(full_bar(s), STAGE_BYTES);
+          tma_load_2d(stage_a(s), &tma_a, full_bar(s), kb * kGemmBK, tm * kGemmBM);
+          tma_load_2d(stage_b(s), &tma_b, full_bar(s), kb * kGemmBK, tn * BN);
+          if (++s == STAGES) { s = 0; phase ^= 1u; }
+        }
+      }
+    }
+  } else {
+    // ---------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = warpgroup - 1;                    // 64-row half of the tile
+    const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
+    const int row_in_tile = 64 * cw + 16 * warp + (lane >> 2);
+    const float alpha = MODE == GEMM_BLOCK ? 1.f : __fmul_rn(__ldg(scale_a), __ldg(scale_b));
+    const float oscale = GemmOut<OUT>::fp8 ? __ldg(out_scale) : 1.f;
+    const unsigned a_off = cw * 64 * kGemmBK;         // this warpgroup's 64 rows of the A stage
+    float acc[NR];
+    float fin[NF];
+    int s = 0;
+    unsigned phase = 0;
+
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int tm, tn;
+      gemm_tile_coords(t, m_tiles, n_tiles, tm, tn);
+      const int r0 = tm * kGemmBM + row_in_tile;      // this thread's rows r0 and r0 + 8
+
+      if constexpr (MODE == GEMM_FAST) {
+        int prev = 0;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          mbar_wait(full_bar(s), phase);
+          const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kGemmBK / 32; ++k)
+            Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, (kb > 0 || k > 0) ? 1 : 0);
+          wgmma_commit();
+          wgmma_wait<1>();                           // the previous block's group is done: free its stage
+          if (kb > 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty_bar(prev));
+          }
+          prev = s;
+          if (++s == STAGES) { s = 0; phase ^= 1u; }
+        }
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty_bar(prev));
+      } else {
+        const int sa_row0 = min(r0, M - 1), sa_row1 = min(r0 + 8, M - 1);
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          float s0 = 1.f, s1 = 1.f;
+          if constexpr (MODE == GEMM_BLOCK) {        // loads in flight during the wait and the math
+            const float sb = __ldg(scale_b + (size_t)tn * k_blocks + kb);
+            s0 = __fmul_rn(__ldg(scale_a + (size_t)sa_row0 * k_blocks + kb), sb);
+            s1 = __fmul_rn(__ldg(scale_a + (size_t)sa_row1 * k_blocks + kb), sb);
+          }
+          mbar_wait(full_bar(s), phase);
+          const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kGemmBK / 32; ++k)
+            Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(s));
+          if (++s == STAGES) { s = 0; phase ^= 1u; }
+#pragma unroll
+          for (int i = 0; i < NR; ++i) {             // promotion: acc_i belongs to row r0 (i & 2 == 0) or r0 + 8
+            const float p = MODE == GEMM_BLOCK ? __fmul_rn(acc[i], (i & 2) ? s1 : s0) : acc[i];
+            fin[i] = kb == 0 ? p : __fadd_rn(fin[i], p);
+          }
+        }
+      }
+
+      // ---------------------------------------------------------------- epilogue
+      if constexpr (MODE == GEMM_FAST) {
+        gemm_epilogue<OUT, BN>(acc, out, bias, amax, alpha, oscale, r0, tn * BN + 2 * (lane & 3), M, N,
+                               bias_kind, act, accumulate);
+      } else {
+        gemm_epilogue<OUT, BN>(fin, out, bias, amax, alpha, oscale, r0, tn * BN + 2 * (lane & 3), M, N,
+                               bias_kind, act, accumulate);
+      }
+    }
+  }
+#else
+  __trap();  // sm_90a only: the Python dispatch never launches it elsewhere
+#endif
+}
+
+}  // namespace fk

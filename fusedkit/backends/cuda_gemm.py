@@ -1,0 +1,182 @@
+"""CUDA launches for the FP8 GEMM (cuda/fp8_gemm_sm90.cu): tensor maps, tile table, launch. No syncs.
+
+The kernel takes its two TMA tensor maps by value (``const __grid_constant__``, 128 bytes, 64-byte
+aligned): they are encoded on the host by ``cuda.bindings.driver.cuTensorMapEncodeTiled`` and copied into
+the launch's parameter buffer, so this module launches through ``cuLaunchKernel`` with its own
+parameter layout instead of ``fusedkit._launch.Launcher`` (whose codes are scalars and pointers).
+
+Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of shared memory.
+  * per-tensor scales, fast accumulation (use_split_accumulator=False): BN = 256 (4 stages) when that
+    still gives every SM a tile, else BN = 128 (6 stages);
+  * per-tensor scales with promotion every 128 K (use_split_accumulator=True) and block scaling:
+    BN = 128 (6 stages): two fp32 accumulators per thread leave no room for BN = 256.
+The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
+dequantize + matmul elsewhere).
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+from .. import _jit
+from ._common import sm_count
+
+FILE = "fp8_gemm_sm90.cu"
+BM, BK = 128, 128
+THREADS = 384
+FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
+OUT_CXX = {"bfloat16": "fk::bf16", "float32": "float", "e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
+MODES = {"fast": 0, "split": 1, "block": 2}
+STAGES = {128: 6, 256: 4}
+BIAS_KIND = {None: 0, "float32": 1, "bfloat16": 2}
+# operand format pairs with kernels (the others run on the fallback)
+PAIRS = (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"))
+
+
+def smem_bytes(bn: int, stages: int) -> int:
+    """Dynamic shared memory of one CTA: alignment slack + the stage ring + 2 mbarriers per stage."""
+    return 1024 + stages * (BM + bn) * BK + 2 * stages * 8
+
+
+def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int]:
+    """(BN, STAGES) for a problem: the tile table above."""
+    if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms:
+        return 256, STAGES[256]
+    return 128, STAGES[128]
+
+
+def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int) -> str:
+    return f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}>"
+
+
+def all_expressions():
+    exprs = []
+    for fa, fb in PAIRS:
+        for out in OUT_CXX:
+            for mode, bn in (("fast", 256), ("fast", 128), ("split", 128), ("block", 128)):
+                exprs.append(expr(fa, fb, bn, mode, out, STAGES[bn]))
+    return {FILE: exprs}
+
+
+@lru_cache(maxsize=None)
+def supported(device: int) -> bool:
+    """The kernel runs on compute capability 9.0 (sm_90a: wgmma, setmaxnreg, TMA)."""
+    import cupy
+    return int(cupy.cuda.Device(device).compute_capability) == 90
+
+
+# ----------------------------------------------------------------------------------------------------
+# tensor maps
+
+_MAP_CACHE: dict = {}
+_MAP_CACHE_MAX = 256
+
+
+def tensor_map(ptr: int, rows: int, K: int, box_rows: int) -> bytes:
+    """The 128-byte CUtensorMap of a row-major (rows x K) uint8 matrix at ``ptr``, box {128 (K), box_rows},
+    128-byte swizzle, zero fill out of bounds (memoized: it only encodes address and geometry)."""
+    key = (ptr, rows, K, box_rows)
+    m = _MAP_CACHE.get(key)
+    if m is not None:
+        return m
+    try:
+        m = _encode_bindings(ptr, rows, K, box_rows)
+    except ImportError:  # no cuda-bindings: the same driver call through ctypes
+        m = _encode_ctypes(ptr, rows, K, box_rows)
+    if len(_MAP_CACHE) >= _MAP_CACHE_MAX:
+        _MAP_CACHE.clear()
+    _MAP_CACHE[key] = m
+    return m
+
+
+def _encode_bindings(ptr, rows, K, box_rows) -> bytes:
+    from cuda.bindings import driver as drv
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr,
+        [u64(K), u64(rows)], [u64(K)], [u32(BK), u32(box_rows)], [u32(1), u32(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"fusedkit.fp8_gemm: cuTensorMapEncodeTiled failed ({err}) for a {rows} x {K} "
+                           f"operand at 0x{ptr:x}")
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+# cuda.h enum values (CUDA 12 / 13): UINT8 = 0, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3,
+# FLOAT_OOB_FILL_NONE = 0 (the same numbers cuda.bindings' enums carry)
+_ENC = (0, 0, 3, 3, 0)
+
+
+def _encode_ctypes(ptr, rows, K, box_rows) -> bytes:
+    from .._launch import _check, _libcuda
+    lib = _libcuda()
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    raw = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(raw) + 63) & ~63
+    dims = (ctypes.c_uint64 * 2)(K, rows)
+    strides = (ctypes.c_uint64 * 1)(K)
+    box = (ctypes.c_uint32 * 2)(BK, box_rows)
+    est = (ctypes.c_uint32 * 2)(1, 1)
+    dt, il, sw, l2, oob = _ENC
+    _check(fn(addr, dt, 2, ptr, dims, strides, box, est, il, sw, l2, oob), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(addr, 128)
+
+
+# ----------------------------------------------------------------------------------------------------
+# launch
+
+class _Params(ctypes.Structure):
+    """The kernel's parameters in declaration order (the maps 64-byte aligned, as in the kernel)."""
+    _pack_ = 8
+    _fields_ = [("map_a", ctypes.c_ubyte * 128), ("map_b", ctypes.c_ubyte * 128),
+                ("out", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale_a", ctypes.c_void_p),
+                ("scale_b", ctypes.c_void_p), ("out_scale", ctypes.c_void_p), ("amax", ctypes.c_void_p),
+                ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("bias_kind", ctypes.c_int),
+                ("act", ctypes.c_int), ("accumulate", ctypes.c_int)]
+
+
+_ARG_NAMES = [f[0] for f in _Params._fields_]
+_kernels: dict = {}
+
+
+def _kernel(e: str, device: int, smem: int):
+    k = _kernels.get((e, device))
+    if k is None:
+        k = _jit.get_kernel(FILE, e, device)
+        if k.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
+            k.max_dynamic_shared_size_bytes = smem
+        _kernels[(e, device)] = k
+    return k
+
+
+def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mode, out_kind, bias_dtype,
+         act, accumulate, device, stream):
+    """One launch: ``a`` (M x K) and ``b`` (N x K) FP8 byte pointers (16-byte aligned), ``out`` (M x N of
+    out_kind), ``scale_a`` / ``scale_b`` device fp32 pointers (per tensor, or the block-scale arrays with
+    mode "block"), ``out_scale`` (FP8 outputs), ``amax`` (0 or a zeroed fp32), ``bias`` (0 or N values of
+    bias_dtype), ``act`` (-1 or an id of cuda/common/act.cuh), ``accumulate`` (out += ...)."""
+    from cupy_backends.cuda.api import driver
+
+    bn, stages = config(M, N, mode, sm_count(device))
+    smem = smem_bytes(bn, stages)
+    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages), device, smem)
+    p = _Params()
+    ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
+    ctypes.memmove(p.map_b, tensor_map(b, N, K, bn), 128)
+    p.out, p.bias, p.scale_a, p.scale_b = out, bias or None, scale_a, scale_b
+    p.out_scale, p.amax = out_scale or None, amax or None
+    p.M, p.N, p.K = M, N, K
+    p.bias_kind, p.act, p.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
+    base = ctypes.addressof(p)
+    args = (ctypes.c_void_p * len(_ARG_NAMES))(*[base + getattr(_Params, n).offset for n in _ARG_NAMES])
+    tiles = -(-M // BM) * -(-N // bn)
+    grid = max(1, min(tiles, sm_count(device)))
+    driver.launchKernel(k.kernel.ptr, grid, 1, 1, THREADS, 1, 1, smem, stream, ctypes.addressof(args), 0)

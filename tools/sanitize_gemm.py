@@ -1,0 +1,115 @@
+"""Small FP8 GEMM calls covering every path of cuda/fp8_gemm_sm90.cu (fast / split / block accumulation,
+128- and 256-wide tiles, tile edges in M, N and K, more tiles than SMs, every output type, bias,
+activation, accumulate_into, FP8 output with amax) and the fallback, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python3 tools/sanitize_gemm.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_gemm.py --small
+    compute-sanitizer --tool synccheck python3 tools/sanitize_gemm.py --small
+
+Exits non-zero when a result is off the float64 reference (relative Frobenius error above 1e-3, 1e-2
+for fast accumulation and bf16 outputs) or an FP8 output differs from the CPU cast of the same call's
+fp32 output. Operands are quantized on the CPU (reference quantizers) and copied to the device.
+"""
+import sys
+
+import cupy
+import numpy as np
+
+import fusedkit as fk
+from fusedkit.backends import cuda_gemm
+from fusedkit.fp8.tensor import FP8Tensor
+from fusedkit.reference import fp8 as rfp8
+from fusedkit.reference import gemm as ref
+
+small = "--small" in sys.argv
+rng = np.random.default_rng(0)
+ok = True
+n_calls = 0
+
+
+def operands(M, N, K, fa, fb, block):
+    x = (rng.standard_normal((M, K)) * np.exp(rng.standard_normal((M, 1)))).astype(np.float32)
+    w = (rng.standard_normal((N, K)) * 0.05).astype(np.float32)
+    if block:
+        da, sa = rfp8.quantize_blockwise(x, (1, 128), fa)
+        db, sb = rfp8.quantize_blockwise(w, (128, 128), fb)
+        host = (FP8Tensor(da, sa, fa, mode="block", block=(1, 128)),
+                FP8Tensor(db, sb, fb, mode="block", block=(128, 128)))
+    else:
+        da, sa, _, _ = rfp8.quantize_current(x, fa)
+        db, sb, _, _ = rfp8.quantize_current(w, fb)
+        host = FP8Tensor(da, sa, fa), FP8Tensor(db, sb, fb)
+    dev = tuple(FP8Tensor(cupy.asarray(t.data), cupy.asarray(np.asarray(t.scale_inv, np.float32).reshape(
+        (1,) if t.mode == "tensor" else np.shape(t.scale_inv))), t.fmt, mode=t.mode, block=t.block) for t in host)
+    return host, dev
+
+
+def rel(got, want):
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
+
+
+def check(name, cond):
+    global ok
+    if not cond:
+        print("MISMATCH", name)
+        ok = False
+
+
+dev = cupy.cuda.runtime.getDevice()
+print(f"kernel path: {cuda_gemm.supported(dev)} (compute capability "
+      f"{cupy.cuda.Device(dev).compute_capability}); SMs {cupy.cuda.Device(dev).attributes['MultiProcessorCount']}")
+shapes = [(16, 16, 16), (144, 272, 208), (256, 384, 512)] + ([] if small else [(2048, 2048, 144), (4096, 4112, 144)])
+for (M, N, K) in shapes:
+    for fa, fb in cuda_gemm.PAIRS + [("e5m2", "e5m2")]:
+        for mode in ("split", "fast", "block"):
+            (ha, hb), (da, db) = operands(M, N, K, fa, fb, mode == "block")
+            bias = rng.standard_normal(N).astype(np.float32)
+            act = ("gelu", "relu", None)[n_calls % 3]
+            kw = dict(use_split_accumulator=mode != "fast", activation=act)
+            want = ref.fp8_gemm(ha, hb, out_dtype="float32", bias=bias, activation=act)
+            got = fk.fp8_gemm(da, db, out_dtype="float32", bias=cupy.asarray(bias), **kw)
+            tol = 1e-2 if mode == "fast" else 1e-3
+            e = rel(got.get(), want)
+            check(f"{fa}x{fb} {mode} {(M, N, K)} act={act}: rel err {e:.2e}", e < tol)
+            # accumulate_into (fp32, in place)
+            c0 = rng.standard_normal((M, N)).astype(np.float32)
+            C = cupy.asarray(c0)
+            fk.fp8_gemm(da, db, out_dtype="float32", accumulate_into=C, use_split_accumulator=mode != "fast")
+            e = rel(C.get(), ref.fp8_gemm(ha, hb, out_dtype="float32", accumulate_into=c0.copy()))
+            check(f"{fa}x{fb} {mode} {(M, N, K)} accumulate: rel err {e:.2e}", e < tol)
+            # FP8 output: bytes equal the CPU cast of the fp32 output, amax exact
+            v32 = got.get()
+            for fmt in ("e4m3", "e5m2"):
+                t = fk.fp8_gemm(da, db, out_dtype=fmt, out_scale=0.5, bias=cupy.asarray(bias), **kw)
+                if (fa, fb) in cuda_gemm.PAIRS and cuda_gemm.supported(dev):
+                    check(f"{fa}x{fb} {mode} {(M, N, K)} -> {fmt} bytes",
+                          np.array_equal(t.data.get(), rfp8.cast_to_fp8(v32 * np.float32(0.5), fmt)))
+                    check(f"{fa}x{fb} {mode} {(M, N, K)} -> {fmt} amax",
+                          np.float32(t.amax.get()[0]) == np.abs(v32).max().astype(np.float32))
+            n_calls += 1
+# bf16 output and bf16 bias (torch)
+try:
+    import torch
+    if torch.cuda.is_available():
+        for mode in ("split", "fast", "block"):
+            (ha, hb), _ = operands(144, 272, 256, "e4m3", "e4m3", mode == "block")
+            ta, tb = (FP8Tensor(torch.from_numpy(h.data).cuda(),
+                                torch.from_numpy(np.asarray(h.scale_inv, np.float32).reshape(
+                                    (1,) if h.mode == "tensor" else np.shape(h.scale_inv))).cuda(),
+                                h.fmt, mode=h.mode, block=h.block) for h in (ha, hb))
+            bias = torch.randn(272, device="cuda").to(torch.bfloat16)
+            out = fk.fp8_gemm(ta, tb, bias=bias, activation="gelu", use_split_accumulator=mode != "fast")
+            want = ref.fp8_gemm(ha, hb, out_dtype="float32", bias=bias.float().cpu().numpy(), activation="gelu")
+            e = rel(out.float().cpu().numpy(), want)
+            check(f"torch bf16 {mode}: rel err {e:.2e}", e < 1e-2)
+            acc = torch.zeros(144, 272, device="cuda", dtype=torch.bfloat16)
+            fk.fp8_gemm(ta, tb, accumulate_into=acc, use_split_accumulator=mode != "fast")
+            e = rel(acc.float().cpu().numpy(), ref.fp8_gemm(ha, hb, out_dtype="float32"))
+            check(f"torch bf16 accumulate {mode}: rel err {e:.2e}", e < 1e-2)
+        torch.cuda.synchronize()
+except ImportError:
+    pass
+cupy.cuda.runtime.deviceSynchronize()
+print("sanitize_gemm:", "ok" if ok else "MISMATCHES", f"({n_calls} configurations)")
+sys.exit(0 if ok else 1)
