@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,actsweep,bench,asv" bash tools/gpu_check.sh   (default: all but the sweeps)
+#   STAGES="test,sanitize,jit,sweep,actsweep,gemm,profile,bench,asv" bash tools/gpu_check.sh
+#   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
+#   own; profile runs ncu over tools/profile_kernels.py)
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
@@ -51,6 +53,21 @@ if has sanitize; then
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 
+if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYTEST_K="not gemm ...")
+  ( timeout $(left 300) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -rs
+    echo "gemm tests rc=$?"
+    timeout $(left 120) compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_gemm.py --small
+    echo "gemm memcheck rc=$?"
+    timeout $(left 240) python3 -m fusedkit bench --only gemm --out "$OUT/results"
+    echo "gemm bench rc=$?" ) > "$OUT/gemm.log" 2>&1
+fi
+if has profile; then  # Nsight Compute on the kernels below target (tools/profile_kernels.py)
+  timeout $(left 240) ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+    -k regex:"${NCU_KERNELS:-norm_fwd|norm_bwd|softmax_fwd|ce_fwd|fp8_ct_tile}" -c ${NCU_COUNT:-40} \
+    python3 tools/profile_kernels.py ${PROFILE_CASES:-} > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?" >> "$OUT/ncu.txt"
+fi
 if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
 if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
@@ -80,4 +97,11 @@ for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log"
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
 grep -E "BEST|rc=" "$L/sweep_act.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
+grep -E "passed|failed|rc=|TFLOP" "$L/gemm.log" 2>/dev/null | tail -20
+# ncu: one line per kernel launch: name, duration, DRAM throughput, achieved occupancy, registers
+[ -f "$L/ncu.txt" ] && awk 'function out() { if (k != "") printf "%-58.58s dur %-12s dram%% %-6s occ%% %-6s regs %s\n", k, d, t, o, r }
+  /^  [a-zA-Z_].*\(.*Context/ { out(); k = $0; sub(/^ +(void )?/, "", k); sub(/\(.*/, "", k); gsub(/fk::| /, "", k); d = t = o = r = "" }
+  /^ +Duration / { d = $NF " " $(NF-1) } /^ +DRAM Throughput/ { t = $NF } /^ +Achieved Occupancy/ { o = $NF }
+  /^ +Registers Per Thread/ { r = $NF } END { out() }' "$L/ncu.txt"
+grep -E "rc=" "$L/ncu.txt" 2>/dev/null
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80

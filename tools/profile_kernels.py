@@ -1,0 +1,82 @@
+"""Two launches of each kernel whose H200 ratio is below its target, for Nsight Compute:
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section WarpStateStats -k regex:'CASES' -c 40 python3 tools/profile_kernels.py
+
+Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run only some):
+  norm_fwd        LayerNorm forward at 32768 x 4096 (the reference point: 0.94 of copy)
+  norm_fwd_fp8    the same with E4M3 output (0.64: the gap to explain)
+  norm_bwd        LayerNorm backward at 8192 x 16384 (fwd+bwd 0.71)
+  softmax_fwd     softmax forward at 131072 x 1024 and 2048 x 65536 (0.55-0.70)
+  ce              cross-entropy forward + gradient at 16384 x 32768 (0.52)
+  ct_dbias        cast_transpose_dbias at 16384 x 8192 (0.34; 0.76-0.79 at the other shapes)
+  dact            dact_cast_transpose (GeLU) at 32768 x 4096 (0.70)
+Each case runs its op twice (the first call compiles and plans), so `-c` should allow 2 per kernel.
+"""
+import sys
+
+import cupy
+
+import fusedkit as fk
+
+
+def bf16(shape, loc=0.0, scale=1.0, seed=0):
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, device="cuda", generator=g) * scale + loc).to(torch.bfloat16)
+
+
+def case_norm_fwd():
+    x, w = bf16((32768, 4096), -2.3, 0.5), bf16((4096,), 1.0, 0.3, 1)
+    return lambda: fk.layer_norm(x, w, w)
+
+
+def case_norm_fwd_fp8():
+    import torch
+    x, w = bf16((32768, 4096), -2.3, 0.5), bf16((4096,), 1.0, 0.3, 1)
+    s = torch.full((1,), 448.0 / 6.0, device="cuda")
+    return lambda: fk.layer_norm(x, w, w, fp8_fmt="e4m3", fp8_scale=s)
+
+
+def case_norm_bwd():
+    x, w = bf16((8192, 16384), -2.3, 0.5), bf16((16384,), 1.0, 0.3, 1)
+    y, mean, rstd = fk.layer_norm(x, w, w, return_stats=True)
+    return lambda: fk.layer_norm_backward(y, x, w, mean, rstd)
+
+
+def case_softmax_fwd():
+    a, b = bf16((131072, 1024), 0.0, 3.0), bf16((2048, 65536), 0.0, 3.0, 1)
+
+    def run():
+        fk.softmax(a)
+        fk.softmax(b)
+    return run
+
+
+def case_ce():
+    import torch
+    x = bf16((16384, 32768), 0.0, 2.0)
+    t = torch.randint(0, 32768, (16384,), device="cuda")
+    return lambda: fk.cross_entropy(x, t, return_grad=True)
+
+
+def case_ct_dbias():
+    d = bf16((16384, 8192), 0.0, 1.0)
+    return lambda: fk.cast_transpose_dbias(d, scale=64.0)
+
+
+def case_dact():
+    d, x = bf16((32768, 4096), 0.0, 1.0), bf16((32768, 4096), 0.0, 3.0, 1)
+    return lambda: fk.dact_cast_transpose(d, x, activation="gelu", scale=64.0)
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+if __name__ == "__main__":
+    names = [a for a in sys.argv[1:] if a in CASES] or list(CASES)
+    for name in names:
+        fn = CASES[name]()
+        for _ in range(2):
+            fn()
+        cupy.cuda.Device().synchronize()
+        print(f"{name}: done", flush=True)
