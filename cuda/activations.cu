@@ -157,7 +157,7 @@ act_fwd_fp8(const T* __restrict__ x, const T* __restrict__ bias, unsigned char* 
     if (v0 + (long long)k * blockDim.x < nvec) {
       float out[VEC];
       act_values<T, ACT, GATED, VEC>(a[k], g[k], bias, pos[k].col, H, out);
-      store_vec<unsigned char, VEC>(y + pos[k].out, cast_fp8_vec<F, VEC>(out, scale, m));
+      store_fp8_vec<F, VEC>(y + pos[k].out, out, scale, m);
     }
   }
   block_amax_merge(m, amax_out);

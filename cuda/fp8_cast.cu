@@ -9,8 +9,8 @@
 //   Delayed scaling (CURRENT = false): scale = *scale_in (from the amax history, no host sync).
 //   Current scaling (CURRENT = true): fp8_amax first writes the tensor's amax; every block then derives
 //   the same scale from it (fusedkit.fp8.recipes.current_scale rules, fp32, IEEE division).
-// (The cast loop of fp8_quantize predates common/fp8.cuh's cast_fp8_vec, which the newer kernels use;
-// it stays as validated on the H200 until those kernels are re-run there.)
+// 16-byte vectors are cast four values to a word (common/fp8.cuh store_fp8_vec: two F2FP per word,
+// no byte inserts); odd sizes (VEC 1 or 2) keep the pairwise loop.
 // Bytes: delayed 3MN for 2-byte input (read x, write bytes); current 5MN (x read twice).
 // Numerics: casts RNE with saturation (common/fp8.cuh), x * scale in fp32 without contraction, as the
 // CPU reference (fusedkit/reference/fp8.py) does.
@@ -126,6 +126,13 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
   float m = 0.f;
   for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (long long)gridDim.x * blockDim.x) {
     const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
+    if constexpr (VEC % 4 == 0) {  // words of four bytes (common/fp8.cuh store_fp8_vec)
+      float f[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) f[j] = to_float(a.v[j]);
+      store_fp8_vec<F, VEC>(out + v * VEC, f, scale, m);
+      continue;
+    }
     Vec<unsigned char, VEC> q;
     if constexpr (VEC == 1) {
       const float f = to_float(a.v[0]);
@@ -458,17 +465,16 @@ __device__ __forceinline__ float ct_value(float xv, float d) {
 }
 
 // 8 values -> 8 FP8 bytes sat(v * scale) as two words (byte k = value k), |v| merged into amax: the
-// arithmetic of common/fp8.cuh's cast_fp8_vec (same pairs through fp8x2_from_float), packed into words
-// with one byte-permute per pair of pairs instead of byte inserts.
+// arithmetic of common/fp8.cuh's cast_fp8_vec, four values per word through fp8x4_from_float (two
+// conversions writing the word's halves: no byte inserts or permutes).
 template <typename F>
 __device__ __forceinline__ uint2 cast_fp8_x8(const float (&v)[8], float scale, float& amax) {
-  unsigned p[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    amax = fmaxf(amax, fmaxf(fabsf(v[2 * k]), fabsf(v[2 * k + 1])));
-    p[k] = fp8x2_from_float<F>(__fmul_rn(v[2 * k], scale), __fmul_rn(v[2 * k + 1], scale));
-  }
-  return make_uint2(__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410));
+  for (int k = 0; k < 4; ++k) amax = fmaxf(amax, fmaxf(fabsf(v[2 * k]), fabsf(v[2 * k + 1])));
+  return make_uint2(fp8x4_from_float<F>(__fmul_rn(v[0], scale), __fmul_rn(v[1], scale), __fmul_rn(v[2], scale),
+                                        __fmul_rn(v[3], scale)),
+                    fp8x4_from_float<F>(__fmul_rn(v[4], scale), __fmul_rn(v[5], scale), __fmul_rn(v[6], scale),
+                                        __fmul_rn(v[7], scale)));
 }
 
 // 4 x 4 byte transpose: byte i of b_k = byte k of a_i (8 byte permutes).

@@ -108,7 +108,7 @@ struct Fp8Out {
   };
   template <int VEC>
   static __device__ __forceinline__ void put(unsigned char* __restrict__ y, const float (&v)[VEC], State& s) {
-    store_vec<unsigned char, VEC>(y, cast_fp8_vec<F, VEC>(v, s.scale, s.amax));
+    store_fp8_vec<F, VEC>(y, v, s.scale, s.amax);
   }
 };
 
