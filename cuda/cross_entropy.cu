@@ -134,7 +134,7 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
   float f[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j)
-    f[j] = fmaf(coef, exp2f(fmaf(to_float(x.v[j]) - m, kLog2e, -log2_s)), -base);
+    f[j] = fmaf(coef, exp2_nonpos(fmaf(to_float(x.v[j]) - m, kLog2e, -log2_s)), -base);
   const long long d = t - col0;
   if (d >= 0 && d < VEC) {
 #pragma unroll

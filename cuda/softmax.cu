@@ -346,7 +346,7 @@ __device__ __forceinline__ float bwd_term(float y, float dy) { return LOG ? dy :
 
 template <bool LOG>
 __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale) {
-  return LOG ? scale * (dy - exp2f(y * kLog2e) * d) : scale * y * (dy - d);
+  return LOG ? scale * (dy - exp2_nonpos(y * kLog2e) * d) : scale * y * (dy - d);
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>

@@ -645,9 +645,14 @@ def main(argv=None) -> int:
     res = run_gpu(args) if gpu else run_cpu(args)
     res = {"device": res["device"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
+    nvrtc_opts = os.environ.get("FUSEDKIT_NVRTC_OPTIONS", "").strip()
+    if nvrtc_opts:  # an experiment, not the code as committed (tools/readme_table.py skips these)
+        res["experiment"] = {"FUSEDKIT_NVRTC_OPTIONS": nvrtc_opts}
     os.makedirs(args.out, exist_ok=True)
     stem = "{}_{}".format(res["device"].split(" (")[0].replace(" ", "-"),
                           res["date"].replace(":", "").replace("+0000", "Z"))
+    if "experiment" in res:
+        stem += "_experiment"
     path = os.path.join(args.out, stem + ".json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

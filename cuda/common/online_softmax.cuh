@@ -16,8 +16,27 @@ namespace fk {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// 2^t for t <= 0 (the exponentials of softmax and cross-entropy). exp2f compiles to MUFU.EX2 plus a
+// test and two multiplies that keep subnormal results (t < -126); FK_FAST_EXP=1 (experiment:
+// FUSEDKIT_NVRTC_OPTIONS=-DFK_FAST_EXP=1) uses ex2.approx.ftz alone: the same approximation (2 ulp) for
+// normal results, 0 for results below 2^-126, which change neither a row sum (>= 1) nor a probability
+// by more than 1.2e-38. These kernels run about 30 instructions per element, so issue rate, not only
+// bandwidth, bounds them; the H200 measurement decides the default.
+#ifndef FK_FAST_EXP
+#define FK_FAST_EXP 0
+#endif
+__device__ __forceinline__ float exp2_nonpos(float t) {
+#if FK_FAST_EXP
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+#else
+  return exp2f(t);
+#endif
+}
+
 // exp(v - m) for v <= m (v = -inf gives 0).
-__device__ __forceinline__ float exp_shifted(float v, float m) { return exp2f((v - m) * kLog2e); }
+__device__ __forceinline__ float exp_shifted(float v, float m) { return exp2_nonpos((v - m) * kLog2e); }
 
 struct MaxSum {
   float m, s;
@@ -28,7 +47,7 @@ __device__ __forceinline__ MaxSum max_sum_identity() { return {-__int_as_float(0
 // s = sum exp(v - from), re-expressed relative to `to` >= from (s stays as it is when from == to,
 // which also covers from == to == -inf).
 __device__ __forceinline__ float rescale_sum(float s, float from, float to) {
-  return from == to ? s : s * exp2f((from - to) * kLog2e);
+  return from == to ? s : s * exp2_nonpos((from - to) * kLog2e);
 }
 
 __device__ __forceinline__ MaxSum max_sum_merge(MaxSum a, MaxSum b) {
