@@ -20,7 +20,7 @@
 // a thread-block cluster of C CTAs (2, 4 or 8; CTA r holds the contiguous chunk of vectors
 // [r * ceil(nvec / C), ...)): 32768 bf16 = 2 CTAs x 512 threads x 32 elements, 131072 = 8 x 512 x 32,
 // 262144 = 8 x 512 x 64. The row is loaded once into registers (raw storage), then:
-//   1. ONE reduction round of (m, s, a, b) (common/lse_stats.cuh): each thread's max and sum of
+//   1. ONE reduction round of (m, s, a, b) (LseStats, common/online_softmax.cuh): each thread's max and sum of
 //      exp(x - max) merged online, a = sum (x - x_0) (label smoothing only) and b = the target logit
 //      (loaded by one thread, 0 elsewhere, so the sum delivers it to every thread: its load is complete
 //      before any CTA of the cluster writes, which makes the in-place gradient safe). Shuffles, one
@@ -56,7 +56,6 @@
 #include "common/vec.cuh"
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
-#include "common/lse_stats.cuh"
 
 namespace fk {
 
@@ -201,9 +200,9 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
       }
     }
   }
-  LseStats st = row_lse_stats<WARPS>(LseStats{m, s, a, xt});
+  LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt});
   if constexpr (CLUSTER > 1) {
-    st = cluster_lse_stats<CLUSTER>(st, slot);
+    st = cluster_merge<CLUSTER>(st, slot);
     cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
   }
   if (!row_ok) return;
@@ -281,7 +280,7 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
       }
     }
   }
-  const LseStats st = row_lse_stats<WARPS>(LseStats{m, s, a, xt});
+  const LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt});
   if (threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
   const float log2_s = log2f(st.s);

@@ -218,7 +218,7 @@ __device__ __forceinline__ float scaled_value(const Vec<T, VEC>& r, int j, unsig
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
                                                 long long row, bool row_ok, int N, float scale, int v0,
-                                                int vend, float2* slot) {
+                                                int vend, float4* slot) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   RowMask rm{nullptr, (long long)N};
@@ -245,9 +245,9 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
       for (int j = 0; j < VEC; ++j)
         s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, scale), m_loc);
 
-  MaxSum st = row_max_sum<WARPS>(MaxSum{m, s});
+  MaxSum st = row_merge<WARPS>(MaxSum{m, s});
   if constexpr (CLUSTER > 1) {
-    st = cluster_max_sum<CLUSTER>(st, slot);
+    st = cluster_merge<CLUSTER>(st, slot);
     cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
   }
   if (!row_ok) return;
@@ -288,7 +288,7 @@ softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
-  __shared__ float2 slot;
+  __shared__ float4 slot;
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
@@ -321,7 +321,7 @@ softmax_fwd_looped(FK_SOFTMAX_FWD_PARAMS) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale), m_loc);
   }
-  const MaxSum st = row_max_sum<WARPS>(MaxSum{m, s});
+  const MaxSum st = row_merge<WARPS>(MaxSum{m, s});
   const float mg = st.m == neg_inf() ? 0.f : st.m;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float lse = LOG ? logf(st.s) : 0.f;
@@ -352,7 +352,7 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
                                                 T* __restrict__ dx, long long row, bool row_ok, int N,
-                                                float scale, int v0, int vend, float2* slot) {
+                                                float scale, int v0, int vend, float4* slot) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   Vec<T, VEC> yr[ITEMS], gr[ITEMS];
@@ -403,7 +403,7 @@ template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
                     float scale) {
-  __shared__ float2 slot;
+  __shared__ float4 slot;
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;

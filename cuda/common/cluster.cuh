@@ -1,21 +1,19 @@
 // fusedkit/cuda/common/cluster.cuh
-// NOTE (cross-entropy engineer): this file was overwritten by accident at 19:01 and reconstructed from
-// its uses in cuda/softmax.cu (same names and semantics as far as they show there). Its owner (softmax)
-// should check it against the original and restore that if it differs.
-//
 // Thread-block cluster helpers (sm_90+) in raw PTX: the cluster barrier split into arrive (release)
 // and wait (acquire), loads from another CTA's shared memory (mapa + ld.shared::cluster), and merges of
-// one value per CTA across the cluster (a butterfly over CLUSTER lanes, so every CTA gets the same bits).
+// one value per CTA across the cluster (a butterfly over CLUSTER lanes, so every CTA gets the same bits):
+// cluster_merge for the statistics types of common/online_softmax.cuh (MaxSum, LseStats), cluster_sum
+// for a float.
 //
 // Use (a row split over the CTAs of a cluster; every thread of every CTA takes part):
-//   __shared__ float2 slot;
-//   st = cluster_max_sum<C>(st, &slot);   // thread 0 writes the CTA's value, barrier, merge of all slots
+//   __shared__ float4 slot;
+//   st = cluster_merge<C>(st, &slot);     // thread 0 writes the CTA's value, barrier, merge of all slots
 //   cluster_arrive();                     // this CTA's remote reads are done
 //   ... work ...
 //   cluster_wait();                       // before exit: no CTA still reads this CTA's slot
 // A kernel using these is compiled with FK_CLUSTER_DIMS(C) (compile-time cluster shape, so a plain
-// launch works). Off sm_90 the primitives trap; the Python dispatch picks cluster kernels only on
-// compute capability 9.0 and newer.
+// launch works) or launched with a cluster attribute (Launcher(cluster=C)). Off sm_90 the primitives
+// trap; the Python dispatch picks cluster kernels only on compute capability 9.0 and newer.
 #pragma once
 #include "common/online_softmax.cuh"
 
@@ -43,48 +41,44 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// The float2 at `local` (a __shared__ address of this CTA) in the shared memory of CTA `rank`.
-__device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank) {
-  float2 v = make_float2(0.f, 0.f);
+// The float4 at `local` (a 16-byte aligned __shared__ address of this CTA) in the shared memory of CTA
+// `rank` of the cluster.
+__device__ __forceinline__ float4 ld_cluster_f4(const void* local, unsigned rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if __CUDA_ARCH__ >= 900
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
   unsigned ra;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(ra) : "memory");
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
 #else
   __trap();
 #endif
   return v;
 }
 
-// (max, sum) of the whole cluster from each CTA's (max, sum) (identical in every thread of a CTA).
-// Every thread of every CTA must call it. Leaves a cluster barrier phase open for the caller's
-// cluster_arrive / cluster_wait pair (see above).
-template <int CLUSTER>
-__device__ __forceinline__ MaxSum cluster_max_sum(MaxSum st, float2* slot) {
-  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = make_float2(st.m, st.s);
+// The statistics of the whole cluster from each CTA's (identical in every thread of a CTA; 1-D
+// cluster, rank = blockIdx.x % CLUSTER). Every thread of every CTA must call it. Leaves a cluster
+// barrier phase open for the caller's cluster_arrive / cluster_wait pair (see above).
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_merge(S v, float4* slot) {
+  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = StatsOps<S>::pack(v);
   cluster_arrive();
   cluster_wait();
   const int lane = threadIdx.x & 31;
-  MaxSum r = max_sum_identity();
-  if (lane < CLUSTER) {
-    const float2 v = ld_cluster_f2(slot, lane);
-    r = MaxSum{v.x, v.y};
-  }
-  r = warp_max_sum<CLUSTER>(r);
-  r.m = __shfl_sync(0xffffffffu, r.m, 0);
-  r.s = __shfl_sync(0xffffffffu, r.s, 0);
-  return r;
+  S r = lane < CLUSTER ? StatsOps<S>::unpack(ld_cluster_f4(slot, lane)) : StatsOps<S>::identity();
+  r = warp_merge<CLUSTER>(r);
+  return StatsOps<S>::shfl(r, 0);
 }
 
 // Sum over the cluster of one value per CTA (identical in every thread of a CTA); same protocol.
 template <int CLUSTER>
-__device__ __forceinline__ float cluster_sum(float d, float2* slot) {
-  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = make_float2(d, 0.f);
+__device__ __forceinline__ float cluster_sum(float d, float4* slot) {
+  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = make_float4(d, 0.f, 0.f, 0.f);
   cluster_arrive();
   cluster_wait();
   const int lane = threadIdx.x & 31;
-  float r = lane < CLUSTER ? ld_cluster_f2(slot, lane).x : 0.f;
+  float r = lane < CLUSTER ? ld_cluster_f4(slot, lane).x : 0.f;
 #pragma unroll
   for (int off = CLUSTER / 2; off > 0; off >>= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
   return __shfl_sync(0xffffffffu, r, 0);

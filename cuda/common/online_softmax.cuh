@@ -9,7 +9,9 @@
 //
 // Determinism: max_sum_merge is commutative bit for bit (fmaxf, and fp32 addition of the same two
 // terms), so an xor-butterfly gives every lane the same result, and every CTA of a cluster that
-// merges the same inputs in the same tree gets the same bits.
+// merges the same inputs in the same tree gets the same bits. The same holds for LseStats (the pair
+// plus two fp32 sums). warp_merge / row_merge here and cluster_merge (common/cluster.cuh) serve both
+// types through StatsOps.
 #pragma once
 
 namespace fk {
@@ -42,6 +44,13 @@ struct MaxSum {
   float m, s;
 };
 
+// The cross-entropy statistics: the (m, s) pair plus two plain fp32 sums carried through the same
+// reduction round (a = sum of (x - x_0) for label smoothing, b = the target logit, held by one thread
+// and 0 elsewhere).
+struct LseStats {
+  float m, s, a, b;
+};
+
 __device__ __forceinline__ MaxSum max_sum_identity() { return {-__int_as_float(0x7f800000), 0.f}; }
 
 // s = sum exp(v - from), re-expressed relative to `to` >= from (s stays as it is when from == to,
@@ -55,16 +64,49 @@ __device__ __forceinline__ MaxSum max_sum_merge(MaxSum a, MaxSum b) {
   return {m, rescale_sum(a.s, a.m, m) + rescale_sum(b.s, b.m, m)};
 }
 
-// Butterfly merge over the lanes of a warp whose xor distance is below WIDTH (a power of two <= 32).
-template <int WIDTH = 32>
-__device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
-#pragma unroll
-  for (int off = WIDTH / 2; off > 0; off >>= 1) {
-    MaxSum o;
-    o.m = __shfl_xor_sync(0xffffffffu, v.m, off);
-    o.s = __shfl_xor_sync(0xffffffffu, v.s, off);
-    v = max_sum_merge(v, o);
+// What the generic merges below need of a statistics type S: its identity, the merge, and a float4
+// image for shuffles and shared-memory slots (one register of each field; unused lanes of the image
+// are 0).
+template <typename S> struct StatsOps;
+
+template <>
+struct StatsOps<MaxSum> {
+  static __device__ __forceinline__ MaxSum identity() { return max_sum_identity(); }
+  static __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) { return max_sum_merge(a, b); }
+  static __device__ __forceinline__ float4 pack(MaxSum v) { return make_float4(v.m, v.s, 0.f, 0.f); }
+  static __device__ __forceinline__ MaxSum unpack(float4 p) { return {p.x, p.y}; }
+  static __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int off) {
+    return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
   }
+  static __device__ __forceinline__ MaxSum shfl(MaxSum v, int lane) {
+    return {__shfl_sync(0xffffffffu, v.m, lane), __shfl_sync(0xffffffffu, v.s, lane)};
+  }
+};
+
+template <>
+struct StatsOps<LseStats> {
+  static __device__ __forceinline__ LseStats identity() { return {-__int_as_float(0x7f800000), 0.f, 0.f, 0.f}; }
+  static __device__ __forceinline__ LseStats merge(const LseStats& x, const LseStats& y) {
+    const MaxSum ms = max_sum_merge(MaxSum{x.m, x.s}, MaxSum{y.m, y.s});
+    return {ms.m, ms.s, x.a + y.a, x.b + y.b};
+  }
+  static __device__ __forceinline__ float4 pack(const LseStats& v) { return make_float4(v.m, v.s, v.a, v.b); }
+  static __device__ __forceinline__ LseStats unpack(float4 p) { return {p.x, p.y, p.z, p.w}; }
+  static __device__ __forceinline__ LseStats shfl_xor(const LseStats& v, int off) {
+    return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off),
+            __shfl_xor_sync(0xffffffffu, v.a, off), __shfl_xor_sync(0xffffffffu, v.b, off)};
+  }
+  static __device__ __forceinline__ LseStats shfl(const LseStats& v, int lane) {
+    return {__shfl_sync(0xffffffffu, v.m, lane), __shfl_sync(0xffffffffu, v.s, lane),
+            __shfl_sync(0xffffffffu, v.a, lane), __shfl_sync(0xffffffffu, v.b, lane)};
+  }
+};
+
+// Butterfly merge over the lanes of a warp whose xor distance is below WIDTH (a power of two <= 32).
+template <int WIDTH = 32, typename S>
+__device__ __forceinline__ S warp_merge(S v) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::merge(v, StatsOps<S>::shfl_xor(v, off));
   return v;
 }
 
@@ -72,23 +114,21 @@ __device__ __forceinline__ MaxSum warp_max_sum(MaxSum v) {
 // 32 * WARPS threads own one row, threadIdx.y picks the row in the block). With WARPS > 1 every thread
 // of the block must call it (barriers). The cross-warp step is a butterfly over WARPS lanes, so it costs
 // log2(WARPS) merges, not WARPS - 1.
-template <int WARPS>
-__device__ __forceinline__ MaxSum row_max_sum(MaxSum v) {
-  v = warp_max_sum<32>(v);
+template <int WARPS, typename S>
+__device__ __forceinline__ S row_merge(S v) {
+  v = warp_merge<32>(v);
   if constexpr (WARPS == 1) {
     return v;
   } else {
-    __shared__ MaxSum ms_partial[32];
+    __shared__ float4 partial[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int base = threadIdx.y * WARPS;
-    __syncthreads();  // the previous call's readers are done with ms_partial
-    if (lane == 0) ms_partial[base + warp] = v;
+    __syncthreads();  // the previous call's readers are done with partial
+    if (lane == 0) partial[base + warp] = StatsOps<S>::pack(v);
     __syncthreads();
-    MaxSum r = lane < WARPS ? ms_partial[base + lane] : max_sum_identity();
-    r = warp_max_sum<WARPS>(r);
-    r.m = __shfl_sync(0xffffffffu, r.m, 0);
-    r.s = __shfl_sync(0xffffffffu, r.s, 0);
-    return r;
+    S r = lane < WARPS ? StatsOps<S>::unpack(partial[base + lane]) : StatsOps<S>::identity();
+    r = warp_merge<WARPS>(r);
+    return StatsOps<S>::shfl(r, 0);
   }
 }
 
