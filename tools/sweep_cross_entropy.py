@@ -1,0 +1,76 @@
+"""Sweep the fused cross-entropy's launch configs on the GPU (bf16 logits, loss + gradient, 4MN bytes):
+register rows (warps x vectors per thread), clusters of C CTAs, and the looped kernel.
+
+    python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it)
+
+Why: at 0.39-0.52 of copy (benchmark 025917Z) the shipped rule puts one row per SM (two 512-thread
+CTAs of 64 registers), so its load, reduce and store phases run in series; smaller CTAs (more of them
+resident, rows in different phases side by side) or more CTAs per cluster may overlap them. Prints each
+config's time, GB/s and fraction of copy and the best per N; writes JSON to argv[1]. Winners go into
+fusedkit/backends/cuda_cross_entropy.py TUNED (after tests/test_cross_entropy.py passes with them:
+``config=`` is the same launch path the tests use).
+"""
+import json
+import os
+import sys
+
+import torch
+
+from fusedkit.backends import cuda_cross_entropy as cc
+from fusedkit.bench import GpuTimer, copy_gbps
+
+
+def candidates(N):
+    vec = 8
+    nv = N // vec
+    out = []
+    for c in (1, 2, 4, 8):
+        for warps in (4, 8, 16, 32):
+            for items in (1, 2, 4, 8):
+                cap = c * 32 * warps * items
+                data_regs = items * cc.regs_per_item(vec, 2)
+                # 1024-thread CTAs have 64 registers: 32 of row data spill (NVRTC 13.5, sm_90a)
+                if not cap >= nv > cap // 2 or data_regs > 32 or (warps == 32 and data_regs > 16):
+                    continue
+                out.append(("rows", vec, items, warps, c))
+    return out + [("looped", vec)]
+
+
+def main(out_path):
+    timer = GpuTimer(torch)
+    copy = copy_gbps(torch, timer)
+    stream = torch.cuda.current_stream().cuda_stream
+    ns = [int(n) for n in os.environ.get("SWEEP_NS", "32768,131072,262144").split(",")]
+    results = []
+    for N in ns:
+        M = 2**27 // N
+        x = (torch.randn(M, N, device="cuda") * 2).bfloat16()
+        g = torch.empty_like(x)
+        t = torch.randint(0, N, (M,), device="cuda")
+        loss = torch.empty(M, device="cuda")
+        best = None
+        for cfg in candidates(N):
+            def fn(cfg=cfg):
+                cc.forward(x.data_ptr(), t.data_ptr(), False, g.data_ptr(), loss.data_ptr(), 0, 0, M, N,
+                           "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
+            try:
+                ms = timer.ms(fn, rep=20, min_time_ms=60.0)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print(f"N={N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
+            gbps = 4 * M * N / ms / 1e6
+            r = {"N": N, "config": list(cfg), "ms": ms, "GBps": gbps, "of_copy": gbps / copy}
+            results.append(r)
+            print(f"N={N:6d} {str(cfg):34s} {ms:8.4f} ms {gbps:7.0f} GB/s {gbps / copy:.3f}", flush=True)
+            if best is None or ms < best["ms"]:
+                best = r
+        if best:
+            print(f"BEST N={N}: {best['config']} {best['of_copy']:.3f} of copy", flush=True)
+        del x, g, t, loss
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "sweep_cross_entropy.json")
