@@ -9,8 +9,8 @@
 //   Delayed scaling (CURRENT = false): scale = *scale_in (from the amax history, no host sync).
 //   Current scaling (CURRENT = true): fp8_amax first writes the tensor's amax; every block then derives
 //   the same scale from it (fusedkit.fp8.recipes.current_scale rules, fp32, IEEE division).
-// 16-byte vectors are cast four values to a word (common/fp8.cuh store_fp8_vec: two F2FP per word,
-// no byte inserts); odd sizes (VEC 1 or 2) keep the pairwise loop.
+// 16-byte vectors: two loads in flight per thread, cast four values to a word (common/fp8.cuh
+// store_fp8_vec: two F2FP per word, no byte inserts); odd sizes (VEC 1 or 2) keep the pairwise loop.
 // Bytes: delayed 3MN for 2-byte input (read x, write bytes); current 5MN (x read twice).
 // Numerics: casts RNE with saturation (common/fp8.cuh), x * scale in fp32 without contraction, as the
 // CPU reference (fusedkit/reference/fp8.py) does.
@@ -102,9 +102,16 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
 fp8_amax(const T* __restrict__ x, float* __restrict__ amax_out, long long n) {
-  const long long nvec = n / VEC;
+  const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
   float m = 0.f;
-  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (long long)gridDim.x * blockDim.x) {
+  long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; v + stride < nvec; v += 2 * stride) {  // two loads in flight per thread (see fp8_quantize)
+    const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
+    const Vec<T, VEC> b = load_vec<T, VEC>(x + (v + stride) * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) m = fmaxf(m, fmaxf(fabsf(to_float(a.v[j])), fabsf(to_float(b.v[j]))));
+  }
+  if (v < nvec) {
     const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a.v[j])));
@@ -122,17 +129,32 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
     scale_inv_out[0] = __fdiv_rn(1.f, scale);
     if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
   }
-  const long long nvec = n / VEC;
+  const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
   float m = 0.f;
-  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (long long)gridDim.x * blockDim.x) {
-    const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
-    if constexpr (VEC % 4 == 0) {  // words of four bytes (common/fp8.cuh store_fp8_vec)
+  long long v0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if constexpr (VEC % 4 == 0) {
+    // 16-byte vectors: two loads in flight per thread before either is used (one per iteration left
+    // 32 KB in flight per SM at 8 blocks of 256, about the H200's bandwidth x latency per SM), cast
+    // four values to a word (common/fp8.cuh store_fp8_vec)
+    for (; v0 < nvec; v0 += 2 * stride) {
+      const long long v1 = v0 + stride;
+      const Vec<T, VEC> a = load_vec<T, VEC>(x + v0 * VEC);
+      Vec<T, VEC> b;
+      if (v1 < nvec) b = load_vec<T, VEC>(x + v1 * VEC);
       float f[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) f[j] = to_float(a.v[j]);
-      store_fp8_vec<F, VEC>(out + v * VEC, f, scale, m);
-      continue;
+      store_fp8_vec<F, VEC>(out + v0 * VEC, f, scale, m);
+      if (v1 < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) f[j] = to_float(b.v[j]);
+        store_fp8_vec<F, VEC>(out + v1 * VEC, f, scale, m);
+      }
     }
+    v0 = nvec;  // done: the loop below is the path of odd sizes
+  }
+  for (long long v = v0; v < nvec; v += stride) {
+    const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
     Vec<unsigned char, VEC> q;
     if constexpr (VEC == 1) {
       const float f = to_float(a.v[0]);
