@@ -85,15 +85,31 @@ struct RowMask {
   long long limit;
 };
 
+// q = r / d, r = r % d: 32-bit when both fit (a 64-bit division is a subroutine of ~70 instructions,
+// and these run once per row per thread, ~4-12 instructions per element at 16 elements per thread).
+__device__ __forceinline__ long long divmod_row(long long& r, long long d) {
+  if (((unsigned long long)r | (unsigned long long)d) >> 31 == 0) {
+    const unsigned q = (unsigned)r / (unsigned)d, m = (unsigned)r - q * (unsigned)d;
+    r = q;
+    return m;
+  }
+  const long long q = r / d, m = r - q * d;
+  r = q;
+  return m;
+}
+
 template <int MASKING>
 __device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskParams& mp) {
   RowMask rm{nullptr, (long long)N};
-  if constexpr ((MASKING & 1) != 0) rm.limit = row % mp.sq + N - mp.sq;
+  if constexpr ((MASKING & 1) != 0) {
+    long long r = row;
+    rm.limit = divmod_row(r, mp.sq) + N - mp.sq;
+  }
   if constexpr ((MASKING & 2) != 0) {
     long long r = row, off = 0;
-    if (mp.n3 > 1) { off += (r % mp.n3) * mp.s3; r /= mp.n3; }
-    if (mp.n2 > 1) { off += (r % mp.n2) * mp.s2; r /= mp.n2; }
-    if (mp.n1 > 1) { off += (r % mp.n1) * mp.s1; r /= mp.n1; }
+    if (mp.n3 > 1) off += divmod_row(r, mp.n3) * mp.s3;
+    if (mp.n2 > 1) off += divmod_row(r, mp.n2) * mp.s2;
+    if (mp.n1 > 1) off += divmod_row(r, mp.n1) * mp.s1;
     off += r * mp.s0;
     if (mp.mcol) {
       rm.bytes = mp.mask + off;
@@ -105,18 +121,32 @@ __device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskPara
 }
 
 // Mask bits of the vector starting at column c0 (bit j: column c0 + j is masked).
+// Built per vector, not per element: the columns past `limit` are a suffix of the vector (k visible
+// columns), and the mask bytes are compared four at a time (__vcmpne4) and gathered into four bits
+// with one multiply (byte i in {0, 1} lands on bit 24 + i; no carries: every partial sum is < 16).
+// The kernels are issue-bound, and the per-element 64-bit compares and byte tests this replaces cost
+// the causal forward 1064 instructions against the unmasked 712 (softmax_fwd<bf16, 8, 2, 8>).
+__device__ __forceinline__ unsigned mask_nibble(unsigned w) {
+  return ((__vcmpne4(w, 0u) & 0x01010101u) * 0x01020408u) >> 24;
+}
+
 template <int VEC, int MASKING>
 __device__ __forceinline__ unsigned vec_mask_bits(const RowMask& rm, long long c0) {
-  unsigned b = 0;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j)
-    if (c0 + j > rm.limit) b |= 1u << j;
+  const long long vis = rm.limit - c0 + 1;  // columns c0 .. limit are visible
+  const int k = vis <= 0 ? 0 : (vis >= VEC ? VEC : (int)vis);
+  unsigned b = ((1u << VEC) - 1u) ^ ((1u << k) - 1u);
   if constexpr ((MASKING & 2) != 0) {
-    if (rm.bytes != nullptr && c0 <= rm.limit) {
-      const Vec<unsigned char, VEC> mv = load_vec<unsigned char, VEC>(rm.bytes + c0);
+    if (rm.bytes != nullptr && k > 0) {
+      if constexpr (VEC % 4 == 0) {
+        const Vec<unsigned, VEC / 4> mw = load_vec<unsigned, VEC / 4>(reinterpret_cast<const unsigned*>(rm.bytes + c0));
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        if (mv.v[j]) b |= 1u << j;
+        for (int q = 0; q < VEC / 4; ++q) b |= mask_nibble(mw.v[q]) << (4 * q);
+      } else {
+        const Vec<unsigned char, VEC> mv = load_vec<unsigned char, VEC>(rm.bytes + c0);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (mv.v[j]) b |= 1u << j;
+      }
     }
   }
   return b;
