@@ -182,7 +182,9 @@ __device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEM
 // doubles the register footprint of a bf16/fp16 row (64 registers for 64 elements) and spilled under the
 // 64-register cap. So the conversions are volatile asm on the packed word, and the passes after the row
 // reduction use a second instruction form (FORM 1: prmt for bf16; sign flip, cvt, negate for fp16) that
-// ptxas cannot merge with the first. A conversion per use is free in a memory-bound kernel.
+// ptxas cannot merge with the first. A conversion per use costs one or two instructions, and the
+// forward is issue-bound on the H200 (docs/perf_notes.rst): fp32 copies of the row would remove them
+// only at twice the registers.
 template <int FORM>
 __device__ __forceinline__ float half_word_float(bf16, unsigned w, int hi) {
   unsigned u;

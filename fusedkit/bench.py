@@ -84,6 +84,28 @@ class GpuTimer:
         return statistics.median(times)
 
 
+def sweep_configs(timer, copy, label, configs, make_fn, nbytes, results, **tags):
+    """Times ``make_fn(cfg)`` for each launch config (the tools/sweep_*.py scripts): appends a row per
+    config to ``results`` (tags, config, ms, GB/s, fraction of ``copy``), prints it, reports a config
+    that fails and goes on, prints and returns the fastest row (None if none ran)."""
+    best = None
+    for cfg in configs:
+        try:
+            ms = timer.ms(make_fn(cfg), rep=20, min_time_ms=60.0)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"{label} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+            continue
+        gbps = nbytes / ms / 1e6
+        row = dict(tags, config=list(cfg), ms=ms, GBps=gbps, of_copy=gbps / copy)
+        results.append(row)
+        print(f"{label} {str(cfg):40s} {ms:8.4f} ms {gbps:7.0f} GB/s {gbps / copy:.3f}", flush=True)
+        if best is None or ms < best["ms"]:
+            best = row
+    if best:
+        print(f"BEST {label}: {best['config']} {best['of_copy']:.3f} of copy", flush=True)
+    return best
+
+
 def copy_gbps(torch, timer, nbytes=2 * 2**30):
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
@@ -430,7 +452,7 @@ def run_gpu(args):
     prog.close()
     # opt-in (--only gemm) until the sm_90a kernel has passed its GPU tests: a hang there would stop the
     # whole benchmark
-    if not args.quick and args.only and any(p.strip() and p.strip() in "fp8_gemm" for p in args.only.split(",")):
+    if not args.quick and "gemm" in args.only:
         rows += gemm_rows(torch, timer)
     if not args.only or "overhead" in args.only:
         rows += overhead_rows(torch)

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from fusedkit.backends import cuda_cross_entropy as cc
-from fusedkit.bench import GpuTimer, copy_gbps
+from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
 
 
 def candidates(N):
@@ -48,24 +48,10 @@ def main(out_path):
         g = torch.empty_like(x)
         t = torch.randint(0, N, (M,), device="cuda")
         loss = torch.empty(M, device="cuda")
-        best = None
-        for cfg in candidates(N):
-            def fn(cfg=cfg):
-                cc.forward(x.data_ptr(), t.data_ptr(), False, g.data_ptr(), loss.data_ptr(), 0, 0, M, N,
-                           "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
-            try:
-                ms = timer.ms(fn, rep=20, min_time_ms=60.0)
-            except Exception as e:  # noqa: BLE001 - report and go on
-                print(f"N={N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
-                continue
-            gbps = 4 * M * N / ms / 1e6
-            r = {"N": N, "config": list(cfg), "ms": ms, "GBps": gbps, "of_copy": gbps / copy}
-            results.append(r)
-            print(f"N={N:6d} {str(cfg):34s} {ms:8.4f} ms {gbps:7.0f} GB/s {gbps / copy:.3f}", flush=True)
-            if best is None or ms < best["ms"]:
-                best = r
-        if best:
-            print(f"BEST N={N}: {best['config']} {best['of_copy']:.3f} of copy", flush=True)
+        def make(cfg):
+            return lambda: cc.forward(x.data_ptr(), t.data_ptr(), False, g.data_ptr(), loss.data_ptr(), 0, 0, M,
+                                      N, "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
+        sweep_configs(timer, copy, f"N={N}", candidates(N), make, 4 * M * N, results, N=N)
         del x, g, t, loss
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:

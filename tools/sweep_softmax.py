@@ -13,7 +13,7 @@ import sys
 import torch
 
 from fusedkit.backends import cuda_softmax as cs
-from fusedkit.bench import GpuTimer, copy_gbps
+from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
 
 
 def candidates(N, direction):
@@ -46,32 +46,16 @@ def main(out_path):
         dy = torch.randn(M, N, device="cuda").bfloat16()
         dx = torch.empty_like(x)
         for direction in os.environ.get("SWEEP_DIRS", "fwd,bwd").split(","):
-            best = None
-            for cfg in candidates(N, direction):
-                if direction == "fwd":
-                    def fn(cfg=cfg):
-                        cs.forward(x.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0, False,
-                                   cs.MASK_NONE, cs.NO_MASK, 0, stream, config=cfg)
-                    nbytes = 4 * M * N
-                else:
-                    def fn(cfg=cfg):
-                        cs.backward(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), M, N, "bfloat16", 1.0, False, 0,
-                                    stream, config=cfg)
-                    nbytes = 6 * M * N
-                try:
-                    ms = timer.ms(fn, rep=20, min_time_ms=60.0)
-                except Exception as e:  # noqa: BLE001 - report and go on
-                    print(f"{direction} N={N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
-                    continue
-                gbps = nbytes / ms / 1e6
-                r = {"direction": direction, "N": N, "config": list(cfg), "ms": ms, "GBps": gbps,
-                     "of_copy": gbps / copy}
-                results.append(r)
-                print(f"{direction} N={N:6d} {str(cfg):40s} {ms:8.4f} ms {gbps:7.0f} GB/s {gbps / copy:.3f}", flush=True)
-                if best is None or ms < best["ms"]:
-                    best = r
-            if best:
-                print(f"BEST {direction} N={N}: {best['config']} {best['of_copy']:.3f} of copy", flush=True)
+            if direction == "fwd":
+                def make(cfg):
+                    return lambda: cs.forward(x.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0,
+                                              False, cs.MASK_NONE, cs.NO_MASK, 0, stream, config=cfg)
+            else:
+                def make(cfg):
+                    return lambda: cs.backward(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), M, N, "bfloat16", 1.0,
+                                               False, 0, stream, config=cfg)
+            sweep_configs(timer, copy, f"{direction} N={N}", candidates(N, direction), make,
+                          (4 if direction == "fwd" else 6) * M * N, results, direction=direction, N=N)
         del x, y, dy, dx
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:

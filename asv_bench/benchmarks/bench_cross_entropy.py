@@ -6,7 +6,7 @@ no ignored targets (ignored rows are not read, which the byte model would not co
 import fusedkit
 from fusedkit._registry import OPS
 
-from .bench_norms import COPY_BYTES, _median_ms, _Torch
+from .bench_norms import _copy_gbps, _median_ms, _Torch
 
 SHAPES = [(16384, 32768), (8192, 131072), (4096, 262144)]  # (tokens, vocab), issue 3
 
@@ -17,9 +17,7 @@ def _measure_all():
     except (ImportError, NotImplementedError):
         return None
     torch = fw.t
-    src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
-    out = {"copy_gbps": 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6, "gbps": {}}
-    del src, dst
+    out = {"copy_gbps": _copy_gbps(fw), "gbps": {}}
     for (M, N) in SHAPES:
         x = (torch.randn(M, N, device="cuda") * 2).to(torch.bfloat16)
         t = torch.randint(0, N, (M,), device="cuda")

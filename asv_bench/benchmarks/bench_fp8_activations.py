@@ -4,7 +4,7 @@ torch CUDA tensors when torch sees a GPU, else CuPy; skipped without a GPU). bf1
 import fusedkit
 from fusedkit._registry import OPS
 
-from .bench_norms import COPY_BYTES, _framework, _median_ms
+from .bench_norms import _copy_gbps, _framework, _median_ms
 
 CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
     "fp8_quantize_delayed": (16384, 8192),
@@ -45,9 +45,7 @@ def _measure_all():
         fw = _framework("bfloat16")
     except NotImplementedError:
         return None
-    src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
-    out = {"copy_gbps": 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6, "gbps": {}}
-    del src, dst
+    out = {"copy_gbps": _copy_gbps(fw), "gbps": {}}
     for op, (M, N) in CASES.items():
         x = fw.randn((M, 2 * N if op == "swiglu_fwd" else N), "bfloat16")
         out["gbps"][op] = OPS[op].bytes_moved(M, N, 2) / _median_ms(fw, _call(op, x, 0.5)) / 1e6

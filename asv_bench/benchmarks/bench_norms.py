@@ -112,6 +112,12 @@ def _median_ms(fw, fn):
     return statistics.median(times)
 
 
+def _copy_gbps(fw):
+    """GB/s of a device-to-device copy of COPY_BYTES: the ceiling every track_ fraction divides by."""
+    src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
+    return 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6
+
+
 def _calls(op, x, w, b, dy):
     """(forward, forward+backward) closures for ``op`` ('layer_norm' or 'rms_norm')."""
     if op == "layer_norm":
@@ -142,9 +148,7 @@ def _measure_all():
         except NotImplementedError:
             continue
         if out["copy_gbps"] is None:
-            src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
-            out["copy_gbps"] = 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6
-            del src, dst
+            out["copy_gbps"] = _copy_gbps(fw)
         for N in NS:
             M, itemsize = ELEMENTS // N, ITEMSIZE[dtype]
             x, dy = fw.randn((M, N), dtype), fw.randn((M, N), dtype)

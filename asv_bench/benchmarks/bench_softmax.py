@@ -8,7 +8,7 @@ import fusedkit
 from fusedkit._dtypes import ITEMSIZE
 from fusedkit._registry import OPS
 
-from .bench_norms import COPY_BYTES, ELEMENTS, _framework, _median_ms
+from .bench_norms import ELEMENTS, _copy_gbps, _framework, _median_ms
 
 NS = [1024, 4096, 8192, 16384, 65536, 262144]
 DTYPES = ["bfloat16", "float16", "float32"]
@@ -35,9 +35,7 @@ def _measure_all(ns=NS, fwdbwd=True, masked=False):
         except NotImplementedError:
             continue
         if out["copy_gbps"] is None:
-            src, dst = fw.bytes_buffer(COPY_BYTES), fw.bytes_buffer(COPY_BYTES)
-            out["copy_gbps"] = 2 * COPY_BYTES / _median_ms(fw, lambda: fw.copy(dst, src)) / 1e6
-            del src, dst
+            out["copy_gbps"] = _copy_gbps(fw)
         s = ITEMSIZE[dtype]
         for N in ns:
             M = ELEMENTS // N
