@@ -247,6 +247,15 @@ FK_WGMMA_DEF(256, 128, E5M2, E4M3, "e5m2", "e4m3")
 FK_WGMMA_DEF(256, 128, E5M2, E5M2, "e5m2", "e5m2")
 #undef FK_WGMMA_DEF
 
+// Ties the accumulator registers to this point of the instruction stream: the asm has them as in/out
+// operands, so the compiler cannot read them before the preceding wgmma wait (wgmma writes them
+// asynchronously to the registers the compiler sees).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 // Tile t of the grouped walk -> (tile-row, tile-column).
 __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles, int& tm, int& tn) {
   const int per_group = kGemmGroupM * n_tiles;
@@ -466,6 +475,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           if (++s == STAGES) { s = 0; phase ^= 1u; }
         }
         wgmma_wait<0>();
+        wgmma_fence_operands(acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty_bar(prev));
       } else {
@@ -485,6 +495,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
             Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
           wgmma_commit();
           wgmma_wait<0>();
+          wgmma_fence_operands(acc);
           __syncwarp();
           if (lane == 0) mbar_arrive(empty_bar(s));
           if (++s == STAGES) { s = 0; phase ^= 1u; }

@@ -1,6 +1,10 @@
-"""Regenerate the README's performance table from the newest benchmarks/results/*.json of a GPU run.
+"""Regenerate the README's performance tables from the committed GPU results in benchmarks/results/.
 
 python tools/readme_table.py          # rewrites the block between the PERF markers in README.md
+
+Each (op, shape) comes from the newest GPU run that measured it (a run of some ops, e.g. `--only gemm`,
+does not hide the others); the file each figure comes from is named under the table. Ratios are always
+within one run: GB/s over that run's copy, peer time over fusedkit time.
 """
 import glob
 import json
@@ -11,44 +15,69 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("torch_eager", "torch_compile", "liger")
 
 
-def newest_gpu_result():
-    files = [f for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json"))
-             if not os.path.basename(f).startswith(("sweep_", "cpu"))]
-    files = [f for f in files if "experiment" not in json.load(open(f))]  # experiments are not the code
-    return max(files, key=lambda f: json.load(open(f))["date"])
+def gpu_results():
+    """The GPU result files (not sweeps, CPU runs or compile-option experiments), oldest first."""
+    out = []
+    for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json")):
+        if os.path.basename(f).startswith(("sweep_", "cpu")):
+            continue
+        res = json.load(open(f))
+        if "experiment" in res or "rows" not in res:
+            continue
+        out.append((res["date"], f, res))
+    return sorted(out, key=lambda t: t[0])
 
 
-def table(path) -> str:
-    res = json.load(open(path))
-    copy = res["copy_GBps"]
+def newest_groups():
+    """{(op, shape): (impls, copy_GBps, file, date)} from the newest run that has each (op, shape)."""
     groups = {}
-    for r in res["rows"]:
-        groups.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
-    lines = [f"Measured {res['date'][:10]} on {res['device']} (`{os.path.relpath(path, ROOT)}`); copy ceiling "
-             f"{copy:.0f} GB/s in the same run. GB/s from the byte model (4MN forward, 10MN forward+backward, "
-             f"bf16); speedup = peer time / fusedkit time.", "",
+    for date, f, res in gpu_results():
+        mine = {}
+        for r in res["rows"]:
+            mine.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
+        for k, impls in mine.items():
+            groups[k] = (impls, res.get("copy_GBps"), f, date, res["device"])
+    return groups
+
+
+def table() -> str:
+    groups = newest_groups()
+    used = sorted({(v[3][:10], os.path.relpath(v[2], ROOT), v[4]) for v in groups.values()})
+    lines = ["Bandwidth-bound ops, bf16: GB/s from each op's byte model (4MN forward, 10MN forward+backward for "
+             "the norms; docs list the rest), \"of copy\" = over a device copy timed in the same run; speedup = "
+             "peer time / fusedkit time, same run.", "",
              "| op | M x N | fusedkit GB/s | of copy | vs torch eager | vs torch.compile | vs Liger |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    overhead = []
-    for (op, shape), impls in groups.items():
+    gemm, overhead = [], []
+    for (op, shape), (impls, copy, _f, _d, _dev) in groups.items():
+        mine = impls.get("fusedkit")
         if "overhead" in op:
             overhead = [f"{k}: {v['ms'] * 1e3:.1f} us" for k, v in impls.items()]
+        elif mine is None:
             continue
-        mine = impls.get("fusedkit")
-        if mine is None:
-            continue
-        sp = [f"{impls[p]['ms'] / mine['ms']:.2f}x" if p in impls else "-" for p in PEERS]
-        lines.append(f"| {op} | {shape[0]} x {shape[1]} | {mine['GBps']:.0f} | {mine['GBps'] / copy:.2f} | "
-                     + " | ".join(sp) + " |")
+        elif mine.get("TFLOPs"):
+            peers = [f"{k} {impls[k]['ms'] / mine['ms']:.2f}x" for k in impls if k != "fusedkit"]
+            gemm.append(f"| {op} | {shape[0]} x {shape[1]} x {shape[2]} | {mine['TFLOPs']:.0f} | "
+                        + ", ".join(peers) + " |")
+        else:
+            sp = [f"{impls[p]['ms'] / mine['ms']:.2f}x" if p in impls else "-" for p in PEERS]
+            lines.append(f"| {op} | {shape[0]} x {shape[1]} | {mine['GBps']:.0f} | {mine['GBps'] / copy:.2f} | "
+                         + " | ".join(sp) + " |")
+    if gemm:
+        lines += ["", "FP8 GEMM (E4M3 x E4M3, TN), TFLOP/s = 2MNK / time; speedup = peer time / fusedkit time, same "
+                  "run (cuBLASLt through torch._scaled_mm in the same accumulation mode).", "",
+                  "| op | M x K x N | fusedkit TFLOP/s | speedup over |", "| --- | --- | --- | --- |"] + gemm
     if overhead:
-        lines += ["", "Host time per call (4 x 1024 layer_norm, launches queued back to back): " + ", ".join(overhead) + "."]
+        lines += ["", "Host time per call (4 x 1024 layer_norm, launches queued back to back): "
+                  + ", ".join(overhead) + "."]
+    lines += ["", "Runs: " + "; ".join(f"{d} {dev} (`{f}`)" for d, f, dev in used) + "."]
     return "\n".join(lines)
 
 
 def main():
     readme = os.path.join(ROOT, "README.md")
     text = open(readme).read()
-    block = table(newest_gpu_result())
+    block = table()
     text = re.sub(r"(<!-- PERF:BEGIN -->\n).*?(<!-- PERF:END -->)", lambda m: m.group(1) + block + "\n" + m.group(2),
                   text, flags=re.S)
     open(readme, "w").write(text)

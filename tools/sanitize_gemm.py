@@ -61,7 +61,7 @@ print(f"kernel path: {cuda_gemm.supported(dev)} (compute capability "
       f"{cupy.cuda.Device(dev).compute_capability}); SMs {cupy.cuda.Device(dev).attributes['MultiProcessorCount']}")
 shapes = [(16, 16, 16), (144, 272, 208), (256, 384, 512)] + ([] if small else [(2048, 2048, 144), (4096, 4112, 144)])
 for (M, N, K) in shapes:
-    for fa, fb in cuda_gemm.PAIRS + [("e5m2", "e5m2")]:
+    for fa, fb in list(cuda_gemm.PAIRS) + [("e5m2", "e5m2")]:
         for mode in ("split", "fast", "block"):
             (ha, hb), (da, db) = operands(M, N, K, fa, fb, mode == "block")
             bias = rng.standard_normal(N).astype(np.float32)
