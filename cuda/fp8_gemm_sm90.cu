@@ -25,18 +25,25 @@
 //                       tensor core's FP8 accumulation keeps fewer mantissa bits than fp32). The consumer
 //                       keeps one wgmma group in flight (wait_group 1) and releases the previous stage.
 //       GEMM_SPLIT (1): per-tensor scales, the wgmma accumulator restarts every 128 K and is promoted
-//                       (added) into a second fp32 register accumulator (use_split_accumulator=True,
-//                       TE's default for the forward GEMM).
+//                       (added) into a separate fp32 register accumulator (use_split_accumulator=True,
+//                       TE's default for the forward GEMM). Two wgmma accumulators take K blocks in turn,
+//                       in pairs (kGemmChunk): block 2i + 1 runs while block 2i is promoted. The first
+//                       H200 run, with wait_group 0 before every promotion, reached 0.56-0.73x cuBLASLt
+//                       against 0.83-0.91x for FAST: the two consumer warpgroups drain and promote in
+//                       lockstep, leaving the tensor cores idle. Longer chunks spill (4: 524 B) and a
+//                       group in flight across the loop's back edge makes ptxas serialise every wgmma
+//                       (C7514), so the second promotion of each pair still waits.
 //       GEMM_BLOCK (2): DeepSeek block scaling: A scales 1 x 128 (per row and K block, (M, K/128) fp32),
 //                       B scales 128 x 128 (per N block and K block, (N/128, K/128) fp32). Every 128 K the
 //                       partial product is promoted with the scale product: acc_fp32 += wgmma * sa[row,kb]
 //                       * sb[nb,kb]; the consumer reads its two rows' A scales with __ldg before waiting
 //                       on the stage, so the loads overlap that wait. BN = 128, so a tile meets one B
 //                       scale per K block.
-//     Registers per consumer thread: BN/2 fp32 for the wgmma accumulator, plus BN/2 for the promoted one
-//     in SPLIT / BLOCK: so FAST runs 128 x 256 tiles (128 accumulators; 128 x 128 when 256-wide tiles
-//     would leave SMs idle), SPLIT / BLOCK 128 x 128 (64 + 64). ptxas (CUDA 13.0, sm_90a): 168 registers
-//     at entry (the __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
+//     Registers per consumer thread: BN/2 fp32 for the wgmma accumulator, plus 2 x BN/2 (second wgmma
+//     accumulator, promoted sum) in SPLIT / BLOCK: so FAST runs 128 x 256 tiles (128 accumulators;
+//     128 x 128 when 256-wide tiles would leave SMs idle), SPLIT / BLOCK 128 x 128 (3 x 64, within the
+//     consumers' setmaxnreg 232). ptxas (CUDA 13.0, sm_90a): 168 registers at entry (the
+//     __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
 //   * Epilogue (registers -> global, no shared memory): thread (warp w of its warpgroup, lane l) holds rows
 //     16 w + l / 4 and + 8 of its warpgroup's 64, columns 8 j + 2 (l % 4) + {0, 1} of every 8-column
 //     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8).
@@ -125,6 +132,7 @@ constexpr int kGemmBK = 128;      // K bytes per stage: one 128-byte swizzle ato
 constexpr int kGemmThreads = 384; // producer warpgroup + 2 consumer warpgroups
 constexpr int kGemmGroupM = 8;    // tile-rows per group of the tile walk
 constexpr int kGemmConsumerWarps = 8;
+constexpr int kGemmChunk = 2;     // SPLIT / BLOCK: K blocks per double-buffered chunk (even)
 
 // Output types: float and bf16 are stored as such; the FP8 tags of common/fp8.cuh (E4M3, E5M2) as bytes.
 template <typename T> struct GemmOut { using store_t = T; static constexpr bool fp8 = false; };
@@ -254,6 +262,48 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// One 128-K block: wait for its stage, then 4 x wgmma k32 into d (restarting d), committed as one group.
+template <int BN, typename TA, typename TB>
+__device__ __forceinline__ void gemm_issue_block(float (&d)[BN / 2], unsigned full, unsigned phase,
+                                                 unsigned a_addr, unsigned b_addr) {
+  mbar_wait(full, phase);
+  const unsigned long long da = wgmma_desc(a_addr), db = wgmma_desc(b_addr);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kGemmBK / 32; ++k) Wgmma<BN, TA, TB>::mma(d, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+  wgmma_commit();
+}
+
+// The consumer warp is done with a stage: one arrival per warp on its "empty" barrier.
+__device__ __forceinline__ void gemm_release(unsigned empty, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty);
+}
+
+// BLOCK mode: the scale products of this thread's two rows for K block kb (issued before the stage wait,
+// so the loads overlap it); 1 otherwise.
+template <int MODE>
+__device__ __forceinline__ void gemm_block_scales(const float* scale_a, const float* scale_b, int row0,
+                                                  int row1, int tn, int k_blocks, int kb, float& s0,
+                                                  float& s1) {
+  if constexpr (MODE == GEMM_BLOCK) {
+    const float sb = __ldg(scale_b + (size_t)tn * k_blocks + kb);
+    s0 = __fmul_rn(__ldg(scale_a + (size_t)row0 * k_blocks + kb), sb);
+    s1 = __fmul_rn(__ldg(scale_a + (size_t)row1 * k_blocks + kb), sb);
+  }
+}
+
+// Promotion of one block's partial product into the fp32 accumulator fin (zeroed at the tile's start).
+// acc_i belongs to row r0 when (i & 2) == 0, else to r0 + 8 (the wgmma accumulator layout).
+template <int MODE, int NR>
+__device__ __forceinline__ void gemm_promote(float (&fin)[NR], const float (&acc)[NR], float s0, float s1) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const float p = MODE == GEMM_BLOCK ? __fmul_rn(acc[i], (i & 2) ? s1 : s0) : acc[i];
+    fin[i] = __fadd_rn(fin[i], p);
+  }
 }
 
 // Tile t of the grouped walk -> (tile-row, tile-column).
@@ -447,6 +497,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     const float oscale = GemmOut<OUT>::fp8 ? __ldg(out_scale) : 1.f;
     const unsigned a_off = cw * 64 * kGemmBK;         // this warpgroup's 64 rows of the A stage
     float acc[NR];
+    float acc2[MODE == GEMM_FAST ? 1 : NR];          // the second wgmma accumulator of SPLIT / BLOCK
     float fin[NF];
     int s = 0;
     unsigned phase = 0;
@@ -479,31 +530,48 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         __syncwarp();
         if (lane == 0) mbar_arrive(empty_bar(prev));
       } else {
+        // Two wgmma accumulators in turn, in chunks of 4 blocks: block kb + 1 runs on the tensor cores
+        // while block kb is promoted into fin (wait_group 1), so only the last promotion of a chunk waits
+        // for an empty tensor pipe. No group stays in flight across the loop's back edge: ptxas then
+        // proves every promoted accumulator retired (with a group in flight across the back edge it
+        // serialised every wgmma, C7514).
         const int sa_row0 = min(r0, M - 1), sa_row1 = min(r0 + 8, M - 1);
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          float s0 = 1.f, s1 = 1.f;
-          if constexpr (MODE == GEMM_BLOCK) {        // loads in flight during the wait and the math
-            const float sb = __ldg(scale_b + (size_t)tn * k_blocks + kb);
-            s0 = __fmul_rn(__ldg(scale_a + (size_t)sa_row0 * k_blocks + kb), sb);
-            s1 = __fmul_rn(__ldg(scale_a + (size_t)sa_row1 * k_blocks + kb), sb);
-          }
-          mbar_wait(full_bar(s), phase);
-          const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
-          wgmma_fence();
+        float s0a = 1.f, s1a = 1.f, s0b = 1.f, s1b = 1.f;   // block scales of the blocks in acc / acc2
+        int blk_a = 0, blk_b = 0;                             // their stages, released once promoted
 #pragma unroll
-          for (int k = 0; k < kGemmBK / 32; ++k)
-            Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_fence_operands(acc);
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(s));
+        for (int i = 0; i < NR; ++i) fin[i] = 0.f;
+        auto issue = [&](float (&d)[NR], float& sc0, float& sc1, int& blk, int kb) {
+          gemm_block_scales<MODE>(scale_a, scale_b, sa_row0, sa_row1, tn, k_blocks, kb, sc0, sc1);
+          gemm_issue_block<BN, TA, TB>(d, full_bar(s), phase, stage_a(s) + a_off, stage_b(s));
+          blk = s;
           if (++s == STAGES) { s = 0; phase ^= 1u; }
+        };
+        auto retire = [&](float (&d)[NR], float sc0, float sc1, int blk) {
+          wgmma_fence_operands(d);
+          gemm_promote<MODE, NR>(fin, d, sc0, sc1);
+          gemm_release(empty_bar(blk), lane);
+        };
+        int kb = 0;
+        for (; kb + kGemmChunk <= k_blocks; kb += kGemmChunk) {
+          issue(acc, s0a, s1a, blk_a, kb);
 #pragma unroll
-          for (int i = 0; i < NR; ++i) {             // promotion: acc_i belongs to row r0 (i & 2 == 0) or r0 + 8
-            const float p = MODE == GEMM_BLOCK ? __fmul_rn(acc[i], (i & 2) ? s1 : s0) : acc[i];
-            fin[i] = kb == 0 ? p : __fadd_rn(fin[i], p);
+          for (int j = 1; j < kGemmChunk; j += 2) {
+            issue(acc2, s0b, s1b, blk_b, kb + j);
+            wgmma_wait<1>();
+            retire(acc, s0a, s1a, blk_a);
+            if (j + 1 < kGemmChunk) {
+              issue(acc, s0a, s1a, blk_a, kb + j + 1);
+              wgmma_wait<1>();
+              retire(acc2, s0b, s1b, blk_b);
+            }
           }
+          wgmma_wait<0>();
+          retire(acc2, s0b, s1b, blk_b);
+        }
+        for (; kb < k_blocks; ++kb) {                 // the last k_blocks % kGemmChunk blocks, in series
+          issue(acc, s0a, s1a, blk_a, kb);
+          wgmma_wait<0>();
+          retire(acc, s0a, s1a, blk_a);
         }
       }
 

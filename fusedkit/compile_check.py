@@ -1,7 +1,8 @@
 """Compile every registered kernel instantiation through NVRTC for each target, without a GPU.
 
 ``python -m fusedkit compile-check`` (also a test). For sm_90a it asks ptxas for its resource report
-and fails on any spill (stack frame or spill stores/loads).
+and fails on any spill (stack frame or spill stores/loads) and on any kernel whose wgmma ptxas serialised
+(C7514: a wait after every wgmma).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ._registry import all_expressions
 TARGETS = tuple(os.environ.get("FUSEDKIT_COMPILE_TARGETS", "sm_80,sm_90a,sm_100a").split(","))
 _SPILL = re.compile(r"Function properties for (\S+)\s*\n\s*ptxas\s*\.\s*(\d+) bytes stack frame, "
                     r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_SERIAL = re.compile(r"\(C7514\).*?in the function '(\S+)'")
 _REGS = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'.*?Used (\d+) registers", re.S)
 
 
@@ -33,6 +35,8 @@ def run(targets=TARGETS, verbose=True) -> list[str]:
             dt = time.perf_counter() - t0
             if arch == "sm_90a":
                 names = {v: k for k, v in res.lowered.items()}
+                for fn in _SERIAL.findall(res.log):  # ptxas put a wait after every wgmma
+                    problems.append(f"{file} {arch}: {names.get(fn, fn)}: wgmma serialised by ptxas (C7514)")
                 for fn, stack, st, ld in _SPILL.findall(res.log):
                     if int(stack) or int(st) or int(ld):
                         problems.append(f"{file} {arch}: {names.get(fn, fn)} spills: {stack} B stack, "
