@@ -621,6 +621,23 @@ def versions() -> dict:
     return v
 
 
+def source_commit():
+    """The commit the measured code came from: $FUSEDKIT_COMMIT, else the COMMIT file that
+    tools/gpu_snapshot.sh writes into its copy, else git; None when none says."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    c = os.environ.get("FUSEDKIT_COMMIT", "").strip()
+    if not c and os.path.exists(os.path.join(root, "COMMIT")):
+        c = open(os.path.join(root, "COMMIT")).read().strip()
+    if not c:
+        try:
+            import subprocess
+            c = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001 - no git: the commit is unknown, not guessed
+            c = ""
+    return c or None
+
+
 def table(res) -> str:
     """ms | GB/s | of copy | speedup of fusedkit over each peer, per (op, shape)."""
     copy = res.get("copy_GBps")
@@ -688,7 +705,7 @@ def main(argv=None) -> int:
             gpu = False
     res = run_gpu(args) if gpu else run_cpu(args)
     res = {"device": res["device"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
+           "commit": source_commit(), "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
     nvrtc_opts = os.environ.get("FUSEDKIT_NVRTC_OPTIONS", "").strip()
     if nvrtc_opts:  # an experiment, not the code as committed (tools/readme_table.py skips these)
         res["experiment"] = {"FUSEDKIT_NVRTC_OPTIONS": nvrtc_opts}

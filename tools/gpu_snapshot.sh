@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.snap/' .git/info/exclude 2>/dev/null || echo '/.snap/' >> .git/info/exclude
 rm -rf .snap && mkdir .snap && git archive HEAD | tar -x -C .snap
+git rev-parse HEAD > .snap/COMMIT   # the results JSON records it (fusedkit.bench.source_commit)
 mkdir -p .snap/.gitbundle && git bundle create -q .snap/.gitbundle/main.bundle main
 [ -d .whl ] && cp -r .whl .snap/.whl
 du -sh .snap
