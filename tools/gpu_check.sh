@@ -4,6 +4,7 @@
 #   STAGES="test,sanitize,jit,sweep,actsweep,softsweep,cesweep,gemm,gemmsweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
+#   NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES steer the profile stage.
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
@@ -63,7 +64,7 @@ if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYT
 fi
 if has profile; then  # Nsight Compute on the kernels below target (tools/profile_kernels.py)
   timeout $(left 240) ncu --clock-control none --section SpeedOfLight --section Occupancy \
-    --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats ${NCU_SECTIONS:-} \
     -k regex:"${NCU_KERNELS:-norm_fwd|norm_bwd|softmax_fwd|ce_fwd|fp8_ct_tile}" -c ${NCU_COUNT:-40} \
     python3 tools/profile_kernels.py ${PROFILE_CASES:-} > "$OUT/ncu.txt" 2>&1
   echo "ncu rc=$?" >> "$OUT/ncu.txt"
