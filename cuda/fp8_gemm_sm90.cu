@@ -66,10 +66,15 @@
 //   tested inside it: ptxas unswitched it into ~40 copies of the loop (2752 bf16 packs instead of 64 in
 //   one 128 x 256 kernel, 55 s of NVRTC for 3 kernels); one pass per option (gemm_epilogue) compiles the
 //   same 3 kernels in 4.7 s.
+//   * Clusters (CLUSTER = 2, chosen per shape in fusedkit/backends/cuda_gemm.py): two CTAs on adjacent
+//     tile-rows of one tile-column form a cluster; each loads its own A and half of the shared B tile,
+//     multicast into both CTAs' stages (cp.async.bulk.tensor ... .multicast::cluster), so L2 serves B
+//     once per pair. A stage's "empty" barrier then counts the consumer warps of both CTAs (each warp
+//     arrives on its own and the peer's barrier through mapa), and the CTAs meet at cluster barriers after
+//     the barrier init and before exit.
 // Variants considered: an smem-staged TMA-store epilogue (stmatrix + cp.async.bulk.tensor store) would
 //   write whole lines; left for after the first H200 measurements (the persistent producer already
-//   prefetches the next tile's stages while the consumers run the epilogue). Two-CTA clusters with TMA
-//   multicast of B: also a later step. BN = 256 with promotion does not fit the register file (256
+//   prefetches the next tile's stages while the consumers run the epilogue). BN = 256 with promotion does not fit the register file (256
 //   accumulators per thread).
 #include "common/dtypes.cuh"
 #include "common/fp8.cuh"
@@ -186,6 +191,43 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, uns
 #endif
 }
 
+// The same load multicast to the CTAs of `mask` in the cluster: each receives the box at the same
+// shared-memory offset and its own mbarrier at `bar`'s offset gets the byte count.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaMap* map, unsigned bar, int c0,
+                                                      int c1, unsigned short mask) {
+#if FK_GEMM_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if FK_GEMM_SM90A
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+
+// Every thread of every CTA of the cluster (release / acquire: barrier inits and last arrivals are seen).
+__device__ __forceinline__ void cluster_sync_all() {
+#if FK_GEMM_SM90A
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Arrival on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+#if FK_GEMM_SM90A
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
 #if FK_GEMM_SM90A
   asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
@@ -276,10 +318,16 @@ __device__ __forceinline__ void gemm_issue_block(float (&d)[BN / 2], unsigned fu
   wgmma_commit();
 }
 
-// The consumer warp is done with a stage: one arrival per warp on its "empty" barrier.
+// The consumer warp is done with a stage: one arrival per warp on its "empty" barrier, and with a
+// cluster on the same barrier of every CTA of the cluster (their producers multicast into this stage).
+template <int CLUSTER>
 __device__ __forceinline__ void gemm_release(unsigned empty, int lane) {
   __syncwarp();
-  if (lane == 0) mbar_arrive(empty);
+  if constexpr (CLUSTER == 1) {
+    if (lane == 0) mbar_arrive(empty);
+  } else {
+    if (lane < CLUSTER) mbar_arrive_cluster(empty, lane);
+  }
 }
 
 // BLOCK mode: the scale products of this thread's two rows for K block kb (issued before the stage wait,
@@ -430,7 +478,7 @@ __device__ __forceinline__ void gemm_epilogue(float (&x)[BN / 2], void* out, con
 //   scale_a / scale_b: per-tensor (1 fp32 each) or, in BLOCK mode, the (M, ceil(K/128)) and
 //   (ceil(N/128), ceil(K/128)) fp32 scale_inv arrays. out_scale: FP8 outputs only. amax: null or a
 //   zeroed fp32 (atomicMax). bias: null or N values of bias_kind. accumulate: C += (out read in place).
-template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES>
+template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES, int CLUSTER>
 __global__ void __launch_bounds__(kGemmThreads, 1)
 fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b, void* out,
               const void* bias, const float* scale_a, const float* scale_b, const float* out_scale,
@@ -438,6 +486,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
 #if FK_GEMM_SM90A
   static_assert(BN == 128 || BN == 256, "tile width");
   static_assert(MODE == GEMM_FAST || BN == 128, "promoted accumulation needs BN = 128 (registers)");
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 CTAs along M");
   constexpr int NR = BN / 2;                         // wgmma accumulators per thread
   constexpr int NF = MODE == GEMM_FAST ? 1 : NR;     // promoted accumulators per thread
   constexpr unsigned A_BYTES = kGemmBM * kGemmBK, B_BYTES = BN * kGemmBK;
@@ -454,7 +503,13 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
 
   const int warpgroup = threadIdx.x / 128;
   const int m_tiles = (M + kGemmBM - 1) / kGemmBM, n_tiles = (N + BN - 1) / BN;
-  const int num_tiles = m_tiles * n_tiles;
+  // The walk is over units of CLUSTER tile-rows x 1 tile-column: CTA `rank` of a cluster takes tile-row
+  // CLUSTER * unit_row + rank (past the last tile-row it loads zeros and stores nothing, but still
+  // multicasts its share of B), so the cluster's CTAs share the B tile and each loads 1 / CLUSTER of it.
+  const int m_units = (m_tiles + CLUSTER - 1) / CLUSTER;
+  const int num_units = m_units * n_tiles;
+  const int unit0 = blockIdx.x / CLUSTER, unit_step = gridDim.x / CLUSTER;
+  const int rank = CLUSTER == 1 ? 0 : (int)cluster_rank();
   const int k_blocks = (K + kGemmBK - 1) / kGemmBK;
 
   if (threadIdx.x == 0) {
@@ -462,12 +517,13 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     tma_prefetch_map(&tma_b);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), kGemmConsumerWarps);
+      mbar_init(empty_bar(s), kGemmConsumerWarps * CLUSTER);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (CLUSTER == 1) __syncthreads();
+  else cluster_sync_all();                           // the peers' barriers exist before any multicast
 
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
@@ -475,14 +531,21 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     if (threadIdx.x == 0) {
       int s = 0;
       unsigned phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        gemm_tile_coords(t, m_tiles, n_tiles, tm, tn);
+      for (int t = unit0; t < num_units; t += unit_step) {
+        int tu, tn;
+        gemm_tile_coords(t, m_units, n_tiles, tu, tn);
+        const int tm = tu * CLUSTER + rank;
         for (int kb = 0; kb < k_blocks; ++kb) {
-          mbar_wait(empty_bar(s), phase ^ 1u);
-          mbar_expect_tx(full_bar(s), STAGE_BYTES);
+          mbar_wait(empty_bar(s), phase ^ 1u);       // with a cluster: released by every CTA's consumers
+          mbar_expect_tx(full_bar(s), STAGE_BYTES);  // A, and all of B (its CLUSTER shares)
           tma_load_2d(stage_a(s), &tma_a, full_bar(s), kb * kGemmBK, tm * kGemmBM);
-          tma_load_2d(stage_b(s), &tma_b, full_bar(s), kb * kGemmBK, tn * BN);
+          if constexpr (CLUSTER == 1) {
+            tma_load_2d(stage_b(s), &tma_b, full_bar(s), kb * kGemmBK, tn * BN);
+          } else {                                   // this CTA's share of B, to every CTA of the cluster
+            constexpr int SHARE = BN / CLUSTER;
+            tma_load_2d_multicast(stage_b(s) + rank * SHARE * kGemmBK, &tma_b, full_bar(s), kb * kGemmBK,
+                                  tn * BN + rank * SHARE, (unsigned short)((1u << CLUSTER) - 1u));
+          }
           if (++s == STAGES) { s = 0; phase ^= 1u; }
         }
       }
@@ -502,9 +565,10 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     int s = 0;
     unsigned phase = 0;
 
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      int tm, tn;
-      gemm_tile_coords(t, m_tiles, n_tiles, tm, tn);
+    for (int t = unit0; t < num_units; t += unit_step) {
+      int tu, tn;
+      gemm_tile_coords(t, m_units, n_tiles, tu, tn);
+      const int tm = tu * CLUSTER + rank;
       const int r0 = tm * kGemmBM + row_in_tile;      // this thread's rows r0 and r0 + 8
 
       if constexpr (MODE == GEMM_FAST) {
@@ -518,20 +582,16 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
             Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, (kb > 0 || k > 0) ? 1 : 0);
           wgmma_commit();
           wgmma_wait<1>();                           // the previous block's group is done: free its stage
-          if (kb > 0) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty_bar(prev));
-          }
+          if (kb > 0) gemm_release<CLUSTER>(empty_bar(prev), lane);
           prev = s;
           if (++s == STAGES) { s = 0; phase ^= 1u; }
         }
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty_bar(prev));
+        gemm_release<CLUSTER>(empty_bar(prev), lane);
       } else {
-        // Two wgmma accumulators in turn, in chunks of 4 blocks: block kb + 1 runs on the tensor cores
-        // while block kb is promoted into fin (wait_group 1), so only the last promotion of a chunk waits
+        // Two wgmma accumulators in turn, in chunks of kGemmChunk blocks: block kb + 1 runs on the tensor
+        // cores while block kb is promoted into fin (wait_group 1), so only the last promotion of a chunk waits
         // for an empty tensor pipe. No group stays in flight across the loop's back edge: ptxas then
         // proves every promoted accumulator retired (with a group in flight across the back edge it
         // serialised every wgmma, C7514).
@@ -549,7 +609,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         auto retire = [&](float (&d)[NR], float sc0, float sc1, int blk) {
           wgmma_fence_operands(d);
           gemm_promote<MODE, NR>(fin, d, sc0, sc1);
-          gemm_release(empty_bar(blk), lane);
+          gemm_release<CLUSTER>(empty_bar(blk), lane);
         };
         int kb = 0;
         for (; kb + kGemmChunk <= k_blocks; kb += kGemmChunk) {
@@ -584,6 +644,10 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
                                bias_kind, act, accumulate);
       }
     }
+  }
+  if constexpr (CLUSTER > 1) {  // no CTA leaves while a peer may still multicast into it or arrive on it
+    __syncwarp();
+    cluster_sync_all();
   }
 #else
   __trap();  // sm_90a only: the Python dispatch never launches it elsewhere

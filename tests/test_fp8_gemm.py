@@ -235,11 +235,14 @@ def test_registry_entry():
     assert op.flops(4096, 4096, 4096) == 2 * 4096 ** 3
     assert op.reference is ref.fp8_gemm
     exprs = _registry.all_expressions()["fp8_gemm_sm90.cu"]
-    assert len(exprs) == len(set(exprs)) == 48
     from fusedkit.backends import cuda_gemm
-    assert cuda_gemm.config(4096, 4096, "fast") == (256, 4)
-    assert cuda_gemm.config(4096, 4096, "split") == (128, 6)
-    assert cuda_gemm.config(256, 256, "fast") == (128, 6)  # too few 256-wide tiles for 132 SMs
+    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(cuda_gemm.OUT_CXX) * len(cuda_gemm.VARIANTS)
+    assert cuda_gemm.config(4096, 4096, "fast")[:2] == (256, 4)
+    assert cuda_gemm.config(4096, 4096, "split")[:2] == (128, 6)
+    assert cuda_gemm.config(256, 256, "fast")[:2] == (128, 6)  # too few 256-wide tiles for 132 SMs
+    for M, N, mode in ((4096, 4096, "fast"), (4096, 4096, "split"), (256, 256, "block")):  # built variants
+        bn, _, cluster = cuda_gemm.config(M, N, mode)
+        assert (mode, bn, cluster) in cuda_gemm.VARIANTS
     for bn, st in ((128, 6), (256, 4)):
         assert cuda_gemm.smem_bytes(bn, st) <= 232448  # the H200's opt-in limit per block
 
@@ -352,6 +355,36 @@ def test_gpu_accumulate_into(backend, out, scaling):
     assert res is C
     want = ref.fp8_gemm(a, b, out_dtype="float32", bias=np.ones(N, np.float32), accumulate_into=c0.astype(np.float32))
     assert rel_err(to_numpy(C).astype(np.float32), want) < (1e-2 if out == "bfloat16" else _tol(scaling))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaling", ["split", "fast", "block"])
+@pytest.mark.parametrize("shape", [(144, 272, 208), (272, 400, 384), (1040, 784, 528), (4224, 4096, 512)],
+                         ids=str)
+def test_gpu_cluster_multicast(scaling, shape, monkeypatch):
+    """Two-CTA clusters sharing B through TMA multicast: odd and even tile-row counts (the second CTA of
+    the last cluster may have no rows), more cluster units than clusters (persistent walk), every mode,
+    the FP8 output's bytes and amax against the same call's fp32 output."""
+    from fusedkit.backends import cuda_gemm
+
+    def forced(cluster):
+        return lambda M, N, mode, sms=132: ((256, cuda_gemm.STAGES[256], cluster) if mode == "fast"
+                                            else (128, cuda_gemm.STAGES[128], cluster))
+    monkeypatch.setattr(cuda_gemm, "config", forced(2))
+    M, N, K = shape
+    rng = rng_for("cluster", scaling, shape)
+    a, b = host_operands(rng, M, N, K, scaling="block" if scaling == "block" else "tensor")
+    bias = rng.standard_normal(N).astype(np.float32)
+    kw = dict(bias=to_backend(bias, "cupy"), activation="gelu", use_split_accumulator=scaling != "fast")
+    v32 = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
+    assert rel_err(v32, ref.fp8_gemm(a, b, out_dtype="float32", bias=bias, activation="gelu")) < _tol(scaling)
+    t = _run("cupy", a, b, out_dtype="e4m3", out_scale=0.37, **kw)
+    np.testing.assert_array_equal(to_numpy(t.data), rfp8.cast_to_fp8(v32 * np.float32(0.37), "e4m3"))
+    amax = np.asarray(to_numpy(t.amax), np.float32).reshape(())
+    assert amax.view(np.uint32) == np.abs(v32).max().astype(np.float32).view(np.uint32)
+    monkeypatch.setattr(cuda_gemm, "config", forced(1))
+    v_plain = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
+    np.testing.assert_array_equal(v32, v_plain)  # the same tiles without the cluster: the same bits
 
 
 @pytest.mark.parametrize("backend", GPU)

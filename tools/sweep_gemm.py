@@ -1,5 +1,6 @@
 """Sweep the FP8 GEMM's tile table on the GPU: for each issue-5 shape, time fusedkit.fp8_gemm with every
-(BN, accumulation mode) the kernel is built for, next to cuBLASLt (torch._scaled_mm) in the same mode.
+(accumulation mode, BN, cluster) variant the kernel is built for (cuda_gemm.VARIANTS), next to cuBLASLt
+(torch._scaled_mm) in the same mode.
 
     python3 tools/sweep_gemm.py out.json
 
@@ -29,24 +30,24 @@ def main(out_path):
         e4m3 = torch.float8_e4m3fn
         a8, b8t = a.data.view(e4m3), b.data.view(e4m3).t()
         sa, sb = a.scale_inv.reshape(()), b.scale_inv.reshape(())
-        for mode, split, bns in (("fast", False, (256, 128)), ("split", True, (128,))):
+        for mode, split in (("fast", False), ("split", True)):
             lt = timer.ms(lambda: torch._scaled_mm(a8, b8t, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                    use_fast_accum=not split))
             best = None
-            for bn in bns:
-                cuda_gemm.config = lambda M_, N_, mode_, sms=132, bn=bn: (bn, cuda_gemm.STAGES[bn])
+            for _, bn, cluster in [v for v in cuda_gemm.VARIANTS if v[0] == mode]:
+                cuda_gemm.config = lambda M_, N_, mode_, sms=132, bn=bn, c=cluster: (bn, cuda_gemm.STAGES[bn], c)
                 try:
                     ms = timer.ms(lambda: fk.fp8_gemm(a, b, use_split_accumulator=split))
                 finally:
                     cuda_gemm.config = orig
-                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9,
+                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9,
                      "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
                 results.append(r)
-                print(f"{M}x{K}x{N} {mode:5s} BN={bn}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x cuBLASLt",
+                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x cuBLASLt",
                       flush=True)
                 if best is None or ms < best["ms"]:
                     best = r
-            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} {best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
+            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} {best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)
 

@@ -38,23 +38,30 @@ def smem_bytes(bn: int, stages: int) -> int:
     return 1024 + stages * (BM + bn) * BK + 2 * stages * 8
 
 
-def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int]:
-    """(BN, STAGES) for a problem: the tile table above."""
+def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int, int]:
+    """(BN, STAGES, CLUSTER) for a problem: the tile table above. CLUSTER = 2 (two CTAs along M share
+    the B tile through TMA multicast) is built and tested; it becomes the default once measured."""
     if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms:
-        return 256, STAGES[256]
-    return 128, STAGES[128]
+        return 256, STAGES[256], 1
+    return 128, STAGES[128], 1
 
 
-def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int) -> str:
-    return f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}>"
+def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1) -> str:
+    return (f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}, "
+            f"{cluster}>")
+
+
+# (mode, BN, CLUSTER) instantiated for every format pair and output type
+VARIANTS = (("fast", 256, 1), ("fast", 128, 1), ("split", 128, 1), ("block", 128, 1),
+            ("fast", 256, 2), ("split", 128, 2), ("block", 128, 2))
 
 
 def all_expressions():
     exprs = []
     for fa, fb in PAIRS:
         for out in OUT_CXX:
-            for mode, bn in (("fast", 256), ("fast", 128), ("split", 128), ("block", 128)):
-                exprs.append(expr(fa, fb, bn, mode, out, STAGES[bn]))
+            for mode, bn, cluster in VARIANTS:
+                exprs.append(expr(fa, fb, bn, mode, out, STAGES[bn], cluster))
     return {FILE: exprs}
 
 
@@ -165,18 +172,42 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     bias_dtype), ``act`` (-1 or an id of cuda/common/act.cuh), ``accumulate`` (out += ...)."""
     from cupy_backends.cuda.api import driver
 
-    bn, stages = config(M, N, mode, sm_count(device))
+    bn, stages, cluster = config(M, N, mode, sm_count(device))
     smem = smem_bytes(bn, stages)
-    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages), device, smem)
+    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
-    ctypes.memmove(p.map_b, tensor_map(b, N, K, bn), 128)
+    ctypes.memmove(p.map_b, tensor_map(b, N, K, bn // cluster), 128)  # each CTA of a cluster loads a share
     p.out, p.bias, p.scale_a, p.scale_b = out, bias or None, scale_a, scale_b
     p.out_scale, p.amax = out_scale or None, amax or None
     p.M, p.N, p.K = M, N, K
     p.bias_kind, p.act, p.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
     base = ctypes.addressof(p)
     args = (ctypes.c_void_p * len(_ARG_NAMES))(*[base + getattr(_Params, n).offset for n in _ARG_NAMES])
-    tiles = -(-M // BM) * -(-N // bn)
-    grid = max(1, min(tiles, sm_count(device)))
-    driver.launchKernel(k.kernel.ptr, grid, 1, 1, THREADS, 1, 1, smem, stream, ctypes.addressof(args), 0)
+    units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
+    if cluster == 1:
+        grid = max(1, min(units, sm_count(device)))
+        driver.launchKernel(k.kernel.ptr, grid, 1, 1, THREADS, 1, 1, smem, stream, ctypes.addressof(args), 0)
+    else:
+        launch, resident = _cluster_launch(k, cluster, smem)
+        grid = cluster * max(1, min(units, resident))
+        launch.launch(grid, 1, (THREADS, 1, 1), smem, stream, ctypes.addressof(args))
+
+
+_cluster_launches: dict = {}
+
+
+def _cluster_launch(k, cluster: int, smem: int):
+    """(the kernel's cuLaunchKernelEx config for (cluster, 1, 1) clusters, how many such clusters fit on
+    the GPU at once: the persistent grid)."""
+    key = (k.kernel.ptr, cluster)
+    c = _cluster_launches.get(key)
+    if c is None:
+        from .._launch import ClusterLaunch
+        launch = ClusterLaunch(k.kernel.ptr, (cluster, 1, 1))
+        resident = launch.max_active_clusters((THREADS, 1, 1), smem)
+        if resident < 1:
+            raise RuntimeError(f"fusedkit.fp8_gemm: no cluster of {cluster} CTAs with {smem} B of shared memory "
+                               f"fits on this GPU")
+        c = _cluster_launches[key] = (launch, resident)
+    return c
