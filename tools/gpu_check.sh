@@ -55,7 +55,7 @@ fi
 for p in "${pids[@]}"; do wait "$p"; done
 
 if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYTEST_K="not gemm ...")
-  ( timeout $(left 300) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -rs
+  ( timeout $(left 300) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -rs ${GEMM_K:+-k "$GEMM_K"}
     echo "gemm tests rc=$?"
     timeout $(left 120) compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_gemm.py --small
     echo "gemm memcheck rc=$?"
