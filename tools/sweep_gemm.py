@@ -8,6 +8,7 @@ Prints TFLOP/s and the ratio to cuBLASLt per config and the best per (shape, mod
 argv[1]. Winners go into fusedkit/backends/cuda_gemm.py config().
 """
 import json
+import os
 import sys
 
 import torch
@@ -34,7 +35,8 @@ def main(out_path):
             lt = timer.ms(lambda: torch._scaled_mm(a8, b8t, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                    use_fast_accum=not split))
             best = None
-            for _, bn, cluster in [v for v in cuda_gemm.VARIANTS if v[0] == mode]:
+            for _, bn, cluster in [v for v in cuda_gemm.VARIANTS
+                                   if v[0] == mode and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))]:
                 cuda_gemm.config = lambda M_, N_, mode_, sms=132, bn=bn, c=cluster: (bn, cuda_gemm.STAGES[bn], c)
                 try:
                     ms = timer.ms(lambda: fk.fp8_gemm(a, b, use_split_accumulator=split))
