@@ -19,7 +19,7 @@ def gpu_results():
     """The GPU result files (not sweeps, CPU runs or compile-option experiments), oldest first."""
     out = []
     for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json")):
-        if os.path.basename(f).startswith(("sweep_", "cpu")):
+        if os.path.basename(f).startswith(("sweep_", "ab_", "cpu")):
             continue
         res = json.load(open(f))
         if "experiment" in res or "rows" not in res:
