@@ -86,7 +86,7 @@ if has bench; then
   timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
 fi
 if has expbench; then  # A/B of a compile-time experiment: EXP_OPTIONS (NVRTC defines) on EXP_ONLY ops
-  FUSEDKIT_NVRTC_OPTIONS="${EXP_OPTIONS:--DFK_FAST_EXP=1}" FUSEDKIT_CACHE_DIR=/tmp/fkcache_exp \
+  FUSEDKIT_NVRTC_OPTIONS="${EXP_OPTIONS:--DFK_FAST_EXP=0}" FUSEDKIT_CACHE_DIR=/tmp/fkcache_exp \
     timeout $(left 300) python3 -m fusedkit bench --only "${EXP_ONLY:-softmax,cross_entropy}" --out "$OUT/results" \
     > "$OUT/expbench.log" 2>&1; echo "expbench rc=$?" >> "$OUT/expbench.log"
 fi

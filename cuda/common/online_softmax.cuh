@@ -18,14 +18,16 @@ namespace fk {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 2^t for t <= 0 (the exponentials of softmax and cross-entropy). exp2f compiles to MUFU.EX2 plus a
-// test and two multiplies that keep subnormal results (t < -126); FK_FAST_EXP=1 (experiment:
-// FUSEDKIT_NVRTC_OPTIONS=-DFK_FAST_EXP=1) uses ex2.approx.ftz alone: the same approximation (2 ulp) for
-// normal results, 0 for results below 2^-126, which change neither a row sum (>= 1) nor a probability
-// by more than 1.2e-38. These kernels run about 30 instructions per element, so issue rate, not only
-// bandwidth, bounds them; the H200 measurement decides the default.
+// 2^t for t <= 0 (the exponentials of softmax and cross-entropy). FK_FAST_EXP=1 (the default) uses
+// ex2.approx.ftz alone: exp2f's approximation (2 ulp) for normal results, 0 for results below 2^-126,
+// which change neither a row sum (>= 1) nor a probability by more than 1.2e-38. exp2f (FK_FAST_EXP=0,
+// through FUSEDKIT_NVRTC_OPTIONS=-DFK_FAST_EXP=0) adds a test and two multiplies per call to keep
+// subnormal results. These kernels are issue-bound (about 30 instructions per element); on the H200
+// (benchmarks/results/ab_fast_exp_2026-12-03T0818Z.json, same machine, two rounds) the fast form took
+// the softmax forward from 0.73 to 0.90 of copy at 131072 x 1024, 0.69 to 0.86 at 32768 x 4096, 0.64 to
+// 0.67 at 512 x 262144, and cross-entropy forward+backward from 0.50 to 0.58 at 16384 x 32768.
 #ifndef FK_FAST_EXP
-#define FK_FAST_EXP 0
+#define FK_FAST_EXP 1
 #endif
 __device__ __forceinline__ float exp2_nonpos(float t) {
 #if FK_FAST_EXP
