@@ -27,10 +27,10 @@
 //       GEMM_SPLIT (1): per-tensor scales, the wgmma accumulator restarts every 128 K and is promoted
 //                       (added) into a separate fp32 register accumulator (use_split_accumulator=True,
 //                       TE's default for the forward GEMM). Two wgmma accumulators take K blocks in turn,
-//                       in pairs (kGemmChunk): block 2i + 1 runs while block 2i is promoted. The first
-//                       H200 run, with wait_group 0 before every promotion, reached 0.56-0.73x cuBLASLt
-//                       against 0.83-0.91x for FAST: the two consumer warpgroups drain and promote in
-//                       lockstep, leaving the tensor cores idle. Longer chunks spill (4: 524 B) and a
+//                       in pairs (kGemmChunk): block 2i + 1 runs while block 2i is promoted. With
+//                       wait_group 0 before every promotion the H200 ran 0.56-0.73x cuBLASLt (the two
+//                       consumer warpgroups drain and promote in lockstep, the tensor cores idle); with
+//                       the pairs 0.86-0.96x (run 081416Z). Longer chunks spill (4: 524 B) and a
 //                       group in flight across the loop's back edge makes ptxas serialise every wgmma
 //                       (C7514), so the second promotion of each pair still waits.
 //       GEMM_BLOCK (2): DeepSeek block scaling: A scales 1 x 128 (per row and K block, (M, K/128) fp32),
@@ -66,7 +66,8 @@
 //   tested inside it: ptxas unswitched it into ~40 copies of the loop (2752 bf16 packs instead of 64 in
 //   one 128 x 256 kernel, 55 s of NVRTC for 3 kernels); one pass per option (gemm_epilogue) compiles the
 //   same 3 kernels in 4.7 s.
-//   * Clusters (CLUSTER = 2, chosen per shape in fusedkit/backends/cuda_gemm.py): two CTAs on adjacent
+//   * Clusters (CLUSTER = 2; measured slower at every issue-5 shape, 0.50-0.79x cuBLASLt against
+//     0.84-0.95x unclustered, so config() never picks them; kept, tested, for other shapes / GPUs): two CTAs on adjacent
 //     tile-rows of one tile-column form a cluster; each loads its own A and half of the shared B tile,
 //     multicast into both CTAs' stages (cp.async.bulk.tensor ... .multicast::cluster), so L2 serves B
 //     once per pair. A stage's "empty" barrier then counts the consumer warps of both CTAs (each warp
