@@ -2,11 +2,12 @@
 cuBLASLt (torch._scaled_mm) with the same scaling and accumulation, measured once per class in
 setup_cache. E4M3 x E4M3, bf16 output, torch CUDA tensors; skipped without a GPU or torch. Shapes are
 (M, K, N) from issue 5 (the two smallest, to keep a run short; ``python -m fusedkit bench --only gemm``
-times all five)."""
+times all five). Mode "epilogue": bias + GeLU(tanh) + E4M3 output + amax fused into the split GEMM,
+against cuBLASLt (bias fused, bf16 out) followed by that epilogue as torch eager kernels."""
 from .bench_norms import _framework, _median_ms
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
-MODES = ["split", "fast", "block"]
+MODES = ["split", "fast", "block", "epilogue"]
 
 
 def _measure_all():
@@ -27,9 +28,21 @@ def _measure_all():
         bb = fusedkit.quantize(w, fmt="e4m3", recipe=fp8.BlockScaling(), weight=True)
         a8, b8t = a.data.view(torch.float8_e4m3fn), b.data.view(torch.float8_e4m3fn).t()
         sa, sb = a.scale_inv.reshape(()), b.scale_inv.reshape(())
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        out_scale = torch.full((1,), 0.5, device="cuda", dtype=torch.float32)
+
+        def lt_then_epilogue():
+            y = torch._scaled_mm(a8, b8t, scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.bfloat16)
+            z = torch.nn.functional.gelu(y.float(), approximate="tanh")
+            return (z * out_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), z.abs().amax()
+
         flops = 2.0 * M * N * K
         for mode in MODES:
-            if mode == "block":
+            if mode == "epilogue":
+                ours = lambda: fusedkit.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",  # noqa: E731
+                                                 out_scale=out_scale)
+                peer = lt_then_epilogue
+            elif mode == "block":
                 ours = lambda: fusedkit.fp8_gemm(ab, bb)  # noqa: E731
                 peer = None  # no same-scaling cuBLASLt peer through torch here
             else:
@@ -42,7 +55,7 @@ def _measure_all():
             out["tflops"][key] = flops / ms / 1e9
             if peer is not None:
                 out["ratio"][key] = _median_ms(fw, peer) / ms
-        del x, w, a, b, ab, bb, a8, b8t
+        del x, w, a, b, ab, bb, a8, b8t, bias
         torch.cuda.empty_cache()
     return out
 
