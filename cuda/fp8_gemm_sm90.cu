@@ -130,6 +130,10 @@ struct alignas(64) TmaMap {
   unsigned long long w[16];
 };
 
+#ifndef FK_GEMM_OFFSET_PAIRS
+#define FK_GEMM_OFFSET_PAIRS 0   // see the SPLIT / BLOCK main loop
+#endif
+
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
 enum GemmBias : int { GEMM_BIAS_NONE = 0, GEMM_BIAS_F32 = 1, GEMM_BIAS_BF16 = 2 };
 
@@ -613,6 +617,18 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           gemm_release<CLUSTER>(empty_bar(blk), lane);
         };
         int kb = 0;
+#if FK_GEMM_OFFSET_PAIRS
+        // Experiment (-DFK_GEMM_OFFSET_PAIRS=1, not measured yet): the second warpgroup promotes block 0
+        // alone and then pairs (1, 2), (3, 4), ...: each warpgroup's exposed promotion (after the second
+        // block of its pair) then falls while the other warpgroup has a block in flight. The order of
+        // additions per thread is unchanged, so are the results.
+        if (cw == 1 && k_blocks > 0) {
+          issue(acc, s0a, s1a, blk_a, 0);
+          wgmma_wait<0>();
+          retire(acc, s0a, s1a, blk_a);
+          kb = 1;
+        }
+#endif
         for (; kb + kGemmChunk <= k_blocks; kb += kGemmChunk) {
           issue(acc, s0a, s1a, blk_a, kb);
 #pragma unroll
