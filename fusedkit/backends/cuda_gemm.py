@@ -9,7 +9,9 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
   * per-tensor scales, fast accumulation (use_split_accumulator=False): BN = 256 (4 stages) when that
     still gives every SM a tile, else BN = 128 (6 stages);
   * per-tensor scales with promotion every 128 K (use_split_accumulator=True) and block scaling:
-    BN = 128 (6 stages): two fp32 accumulators per thread leave no room for BN = 256.
+    BN = 128 (6 stages): three fp32 accumulator sets per thread leave no room for BN = 256.
+  * CLUSTER = 1: two-CTA clusters sharing B by TMA multicast are built and tested but ran slower at
+    every issue-5 shape on the H200 (benchmarks/results/sweep_gemm_2026-12-03T0814Z.json).
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
@@ -39,8 +41,8 @@ def smem_bytes(bn: int, stages: int) -> int:
 
 
 def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int, int]:
-    """(BN, STAGES, CLUSTER) for a problem: the tile table above. CLUSTER = 2 (two CTAs along M share
-    the B tile through TMA multicast) is built and tested; it becomes the default once measured."""
+    """(BN, STAGES, CLUSTER) for a problem: the tile table above (tools/sweep_gemm.py times every
+    built variant against cuBLASLt)."""
     if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms:
         return 256, STAGES[256], 1
     return 128, STAGES[128], 1
