@@ -27,7 +27,7 @@
 //       GEMM_SPLIT (1): per-tensor scales, the wgmma accumulator restarts every 128 K and is promoted
 //                       (added) into a separate fp32 register accumulator (use_split_accumulator=True,
 //                       TE's default for the forward GEMM). Two wgmma accumulators take K blocks in turn,
-//                       in pairs (kGemmChunk): block 2i + 1 runs while block 2i is promoted. With
+//                       in pairs: block 2i + 1 runs while block 2i is promoted. With
 //                       wait_group 0 before every promotion the H200 ran 0.56-0.73x cuBLASLt (the two
 //                       consumer warpgroups drain and promote in lockstep, the tensor cores idle); with
 //                       the pairs 0.86-0.96x (run 081416Z). Longer chunks spill (4: 524 B) and a
@@ -142,7 +142,6 @@ constexpr int kGemmBK = 128;      // K bytes per stage: one 128-byte swizzle ato
 constexpr int kGemmThreads = 384; // producer warpgroup + 2 consumer warpgroups
 constexpr int kGemmGroupM = 8;    // tile-rows per group of the tile walk
 constexpr int kGemmConsumerWarps = 8;
-constexpr int kGemmChunk = 2;     // SPLIT / BLOCK: K blocks per double-buffered chunk (even)
 
 // Output types: float and bf16 are stored as such; the FP8 tags of common/fp8.cuh (E4M3, E5M2) as bytes.
 template <typename T> struct GemmOut { using store_t = T; static constexpr bool fp8 = false; };
@@ -595,11 +594,10 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         wgmma_fence_operands(acc);
         gemm_release<CLUSTER>(empty_bar(prev), lane);
       } else {
-        // Two wgmma accumulators in turn, in chunks of kGemmChunk blocks: block kb + 1 runs on the tensor
-        // cores while block kb is promoted into fin (wait_group 1), so only the last promotion of a chunk waits
-        // for an empty tensor pipe. No group stays in flight across the loop's back edge: ptxas then
-        // proves every promoted accumulator retired (with a group in flight across the back edge it
-        // serialised every wgmma, C7514).
+        // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
+        // while block kb is promoted into fin (wait_group 1); the pair's second promotion still waits for
+        // an empty tensor pipe. No group stays in flight across the loop's back edge: with one in flight
+        // ptxas serialised every wgmma (C7514), and pairs unrolled into chunks of 4 or more spill.
         const int sa_row0 = min(r0, M - 1), sa_row1 = min(r0 + 8, M - 1);
         float s0a = 1.f, s1a = 1.f, s0b = 1.f, s1b = 1.f;   // block scales of the blocks in acc / acc2
         int blk_a = 0, blk_b = 0;                             // their stages, released once promoted
@@ -629,23 +627,15 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           kb = 1;
         }
 #endif
-        for (; kb + kGemmChunk <= k_blocks; kb += kGemmChunk) {
+        for (; kb + 2 <= k_blocks; kb += 2) {         // a pair: kb in acc, kb + 1 in acc2
           issue(acc, s0a, s1a, blk_a, kb);
-#pragma unroll
-          for (int j = 1; j < kGemmChunk; j += 2) {
-            issue(acc2, s0b, s1b, blk_b, kb + j);
-            wgmma_wait<1>();
-            retire(acc, s0a, s1a, blk_a);
-            if (j + 1 < kGemmChunk) {
-              issue(acc, s0a, s1a, blk_a, kb + j + 1);
-              wgmma_wait<1>();
-              retire(acc2, s0b, s1b, blk_b);
-            }
-          }
+          issue(acc2, s0b, s1b, blk_b, kb + 1);
+          wgmma_wait<1>();                            // kb has retired, kb + 1 runs while it is promoted
+          retire(acc, s0a, s1a, blk_a);
           wgmma_wait<0>();
           retire(acc2, s0b, s1b, blk_b);
         }
-        for (; kb < k_blocks; ++kb) {                 // the last k_blocks % kGemmChunk blocks, in series
+        if (kb < k_blocks) {                          // an odd last block, alone
           issue(acc, s0a, s1a, blk_a, kb);
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);

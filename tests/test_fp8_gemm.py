@@ -243,6 +243,10 @@ def test_registry_entry():
     for M, N, mode in ((4096, 4096, "fast"), (4096, 4096, "split"), (256, 256, "block")):  # built variants
         bn, _, cluster = cuda_gemm.config(M, N, mode)
         assert (mode, bn, cluster) in cuda_gemm.VARIANTS
+    with cuda_gemm.forced_tiles(fast=(256, 2)):
+        assert cuda_gemm.config(256, 256, "fast") == (256, 4, 2)
+        assert cuda_gemm.config(256, 256, "split") == (128, 6, 1)
+    assert cuda_gemm.config(256, 256, "fast") == (128, 6, 1)   # the table again
     for bn, st in ((128, 6), (256, 4)):
         assert cuda_gemm.smem_bytes(bn, st) <= 232448  # the H200's opt-in limit per block
 
@@ -361,29 +365,25 @@ def test_gpu_accumulate_into(backend, out, scaling):
 @pytest.mark.parametrize("scaling", ["split", "fast", "block"])
 @pytest.mark.parametrize("shape", [(144, 272, 208), (272, 400, 384), (1040, 784, 528), (4224, 4096, 512)],
                          ids=str)
-def test_gpu_cluster_multicast(scaling, shape, monkeypatch):
+def test_gpu_cluster_multicast(scaling, shape):
     """Two-CTA clusters sharing B through TMA multicast: odd and even tile-row counts (the second CTA of
     the last cluster may have no rows), more cluster units than clusters (persistent walk), every mode,
     the FP8 output's bytes and amax against the same call's fp32 output."""
     from fusedkit.backends import cuda_gemm
-
-    def forced(cluster):
-        return lambda M, N, mode, sms=132: ((256, cuda_gemm.STAGES[256], cluster) if mode == "fast"
-                                            else (128, cuda_gemm.STAGES[128], cluster))
-    monkeypatch.setattr(cuda_gemm, "config", forced(2))
     M, N, K = shape
     rng = rng_for("cluster", scaling, shape)
     a, b = host_operands(rng, M, N, K, scaling="block" if scaling == "block" else "tensor")
     bias = rng.standard_normal(N).astype(np.float32)
     kw = dict(bias=to_backend(bias, "cupy"), activation="gelu", use_split_accumulator=scaling != "fast")
-    v32 = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
+    with cuda_gemm.forced_tiles(fast=(256, 2), split=(128, 2), block=(128, 2)):
+        v32 = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
+        t = _run("cupy", a, b, out_dtype="e4m3", out_scale=0.37, **kw)
     assert rel_err(v32, ref.fp8_gemm(a, b, out_dtype="float32", bias=bias, activation="gelu")) < _tol(scaling)
-    t = _run("cupy", a, b, out_dtype="e4m3", out_scale=0.37, **kw)
     np.testing.assert_array_equal(to_numpy(t.data), rfp8.cast_to_fp8(v32 * np.float32(0.37), "e4m3"))
     amax = np.asarray(to_numpy(t.amax), np.float32).reshape(())
     assert amax.view(np.uint32) == np.abs(v32).max().astype(np.float32).view(np.uint32)
-    monkeypatch.setattr(cuda_gemm, "config", forced(1))
-    v_plain = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
+    with cuda_gemm.forced_tiles(fast=(256, 1)):
+        v_plain = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
     np.testing.assert_array_equal(v32, v_plain)  # the same tiles without the cluster: the same bits
 
 

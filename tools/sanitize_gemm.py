@@ -90,13 +90,11 @@ for (M, N, K) in shapes:
                           np.float32(t.amax.get()[0]) == np.abs(v32).max().astype(np.float32))
             n_calls += 1
 # two-CTA clusters (B multicast), forced: odd and even tile-row counts
-orig_config = cuda_gemm.config
 for (M, N, K) in [] if os.environ.get("FK_NO_CLUSTER") else [(144, 272, 208), (272, 400, 384)]:
     for mode in ("split", "fast", "block"):
-        cuda_gemm.config = lambda M_, N_, mode_, sms=132: ((256, 4, 2) if mode_ == "fast" else (128, 6, 2))
         (ha, hb), (da, db) = operands(M, N, K, "e4m3", "e4m3", mode == "block")
-        got = fk.fp8_gemm(da, db, out_dtype="float32", use_split_accumulator=mode != "fast")
-        cuda_gemm.config = orig_config
+        with cuda_gemm.forced_tiles(fast=(256, 2), split=(128, 2), block=(128, 2)):
+            got = fk.fp8_gemm(da, db, out_dtype="float32", use_split_accumulator=mode != "fast")
         e = rel(got.get(), ref.fp8_gemm(ha, hb, out_dtype="float32"))
         check(f"cluster 2 {mode} {(M, N, K)}: rel err {e:.2e}", e < (1e-2 if mode == "fast" else 1e-3))
         n_calls += 1

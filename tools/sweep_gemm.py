@@ -22,7 +22,6 @@ from fusedkit.bench import GEMM_WORK, GpuTimer
 def main(out_path):
     timer = GpuTimer(torch)
     flops = _registry.OPS["fp8_gemm"].flops
-    orig = cuda_gemm.config
     results = []
     for (M, K, N) in GEMM_WORK:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -37,19 +36,17 @@ def main(out_path):
             best = None
             for _, bn, cluster in [v for v in cuda_gemm.VARIANTS
                                    if v[0] == mode and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))]:
-                cuda_gemm.config = lambda M_, N_, mode_, sms=132, bn=bn, c=cluster: (bn, cuda_gemm.STAGES[bn], c)
-                try:
+                with cuda_gemm.forced_tiles(**{mode: (bn, cluster)}):
                     ms = timer.ms(lambda: fk.fp8_gemm(a, b, use_split_accumulator=split))
-                finally:
-                    cuda_gemm.config = orig
-                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9,
-                     "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
+                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "ms": ms,
+                     "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
                 results.append(r)
-                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x cuBLASLt",
-                      flush=True)
+                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster}: {r['TFLOPs']:6.0f} TFLOP/s  "
+                      f"{r['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
                 if best is None or ms < best["ms"]:
                     best = r
-            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} {best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
+            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} "
+                  f"{best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)
 

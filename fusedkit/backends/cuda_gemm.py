@@ -17,6 +17,7 @@ dequantize + matmul elsewhere).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from functools import lru_cache
 
@@ -40,9 +41,27 @@ def smem_bytes(bn: int, stages: int) -> int:
     return 1024 + stages * (BM + bn) * BK + 2 * stages * 8
 
 
+_forced: dict | None = None  # {mode: (BN, CLUSTER)} while forced_tiles() is active
+
+
+@contextlib.contextmanager
+def forced_tiles(fast=(256, 1), split=(128, 1), block=(128, 1)):
+    """Within the block, every launch uses these (BN, CLUSTER) per mode instead of the tile table (tests,
+    tools/sanitize_gemm.py and tools/sweep_gemm.py reach the variants the table does not pick)."""
+    global _forced
+    saved, _forced = _forced, {"fast": fast, "split": split, "block": block}
+    try:
+        yield
+    finally:
+        _forced = saved
+
+
 def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int, int]:
     """(BN, STAGES, CLUSTER) for a problem: the tile table above (tools/sweep_gemm.py times every
     built variant against cuBLASLt)."""
+    if _forced is not None:
+        bn, cluster = _forced[mode]
+        return bn, STAGES[bn], cluster
     if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms:
         return 256, STAGES[256], 1
     return 128, STAGES[128], 1
