@@ -19,7 +19,9 @@
 // Forward with FP8 output (norm_fwd_fp8, norm_fwd_looped_fp8): the same row code (normalize_row /
 // looped_row) with another output policy: the fp32 y is cast as sat(y * scale) to E4M3 / E5M2 bytes
 // (common/fp8.cuh cast_fp8_vec, RNE), |y| is merged into a per-thread amax, and at the end of the block
-// one block-wide max goes to *amax_out (atomicMax on the float bits; the caller zeroes it). The scale
+// one block-wide max goes to *amax_out (atomicMax on the float bits; the caller zeroes it). The register
+// kernel walks row groups grid-stride over the resident blocks, so that merge runs once per block rather
+// than once per row group (norm_fwd_looped_fp8: one row per block). The scale
 // is read from device memory (delayed scaling, no host sync); thread 0 of block 0 writes
 // scale_inv = 1 / scale (IEEE division). The input cast of the next FP8 GEMM fused into the norm:
 // read 2MN + write MN = 3MN bytes for 2-byte x (one atomic per block on top). M = 0 launches one block
@@ -223,14 +225,17 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
 // Occupancy hint of the FP8 forward. The FP8 cast and the amax take a few registers more than the plain
 // store, and without a hint ptxas lets 512-thread blocks grow to 65-72 registers (1 resident block per
 // SM instead of 2) and 256-thread RMS blocks to 44-47 (5 instead of 6). The hint caps the registers at
-// what the plain kernels use for the same row bytes per thread (measured with -Xptxas=-v): <= 16 B of
-// row: 32, <= 32 B: 40 (RMS) / 48 (LayerNorm: gamma and beta), <= 64 B: 64; longer register rows keep
-// the plain hint (1 block). No instantiation spills under these caps (compile-all check).
-template <typename T, int VEC, int ITEMS, int WARPS, bool RMS>
+// about what the plain kernels use for the same row bytes per thread (measured with -Xptxas=-v), plus
+// what the grid-stride loop keeps live: <= 16 B of row: 40, <= 32 B: 48 (RMS) / 56 (LayerNorm: gamma and
+// beta), <= 64 B: 64, each 8 more with fp32 weights; longer register rows keep the plain hint (1 block).
+// No instantiation spills under these caps (compile-all check; 8 fewer spilled up to 40 bytes).
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 struct Fp8FwdMinBlocks {
   static constexpr int threads = 32 * WARPS * RowsPerBlock<WARPS>::value;
   static constexpr int row_bytes = ITEMS * VEC * (int)sizeof(T);
-  static constexpr int regs = row_bytes <= 16 ? 32 : row_bytes <= 32 ? (RMS ? 40 : 48) : row_bytes <= 64 ? 64 : 0;
+  static constexpr int w_regs = sizeof(W) == 4 ? 8 : 0;  // fp32 gamma / beta: twice the load registers
+  static constexpr int regs = row_bytes <= 16 ? 40 + w_regs : row_bytes <= 32 ? (RMS ? 48 : 56) + w_regs
+                            : row_bytes <= 64 ? 64 + w_regs : 0;
   static constexpr int fit = regs ? 65536 / (regs * threads) : 1;
   static constexpr int value = fit < 1 ? 1 : (fit > 2048 / threads ? 2048 / threads : fit);
 };
@@ -239,7 +244,7 @@ struct Fp8FwdMinBlocks {
 // into *amax_out; scale_inv written by block 0. Launched with at least one block (M = 0 included).
 template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
-                                  (Fp8FwdMinBlocks<T, VEC, ITEMS, WARPS, RMS>::value))
+                                  (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
              const W* __restrict__ b, unsigned char* __restrict__ y, T* __restrict__ sum_out,
              float* __restrict__ mean_out, float* __restrict__ rstd_out, const float* __restrict__ scale_in,
@@ -248,11 +253,19 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   typename Fp8Out<F>::State st{*scale_in, 0.f};
   const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x;  // 2-D block: flat index for the amax merge
   if (blockIdx.x == 0 && tid == 0) scale_inv_out[0] = __fdiv_rn(1.f, st.scale);
-  const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
-  Vec<T, VEC> a[ITEMS];
-  load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-  normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
-                                                         eps, zero_centered);
+  constexpr int RPB = RowsPerBlock<WARPS>::value;
+  // Grid-stride over groups of RPB rows (block-uniform trip count: every thread reaches the barriers).
+  // With one block per group this is the launch of norm_fwd; a smaller grid merges the amax once per
+  // block instead of once per row group (the barrier, the L2 read and the atomic at the end of every
+  // block cost a block's slot about a microsecond each time).
+  const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
+  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+    const long long row = (long long)g * RPB + threadIdx.y;
+    Vec<T, VEC> a[ITEMS];
+    load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+                                                           eps, zero_centered);
+  }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
 }
 

@@ -237,6 +237,28 @@ def test_fp8_misaligned_views_and_device_scale(backend):
         _check(t, y_ref, np.float32(100.0), "e4m3", False, "misaligned vs the CPU reference")
 
 
+@pytest.mark.parametrize("backend", backend_params(GPU))
+@pytest.mark.parametrize("grid", [1, 3, 7])
+@pytest.mark.parametrize("N", [7, 781, 1024, 4096])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_fp8_grid_stride(backend, grid, N, rms, monkeypatch):
+    """The register forward walks row groups grid-stride: a grid much smaller than the groups (several
+    groups per block, the amax merged once per block, rows of the last group missing) gives the same
+    bytes, scale_inv and amax as the CPU reference, and the statistics of every row."""
+    from fusedkit.backends import cuda_norms
+    monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", grid)
+    skip_unsupported(backend, "bfloat16")
+    M = 1151  # not a multiple of any rows-per-block
+    rng, x, w, b = _make(("fp8grid", backend, grid, N, rms), (M, N), "bfloat16", "bfloat16")
+    scale = _scale(rng, "e4m3")
+    out = _call(backend, x, w, b, rms, eps=1e-5, return_stats=True, fp8_fmt="e4m3", fp8_scale=float(scale))
+    _check_all(backend, out[0], x, w, b, rms, "e4m3", scale)
+    _, *want = (ref_norms.rms_norm(x, w, eps=1e-5, return_stats=True) if rms
+                else ref_norms.layer_norm(x, w, b, eps=1e-5, return_stats=True))
+    for g, s in zip(out[1:], want):
+        np.testing.assert_allclose(to_numpy(g), s, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------
 # bad input: a clear exception that says what was wrong
 

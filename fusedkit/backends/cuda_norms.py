@@ -221,13 +221,23 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec):
     cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
     expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":
+    if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
-    else:
-        rpb, block = 1, (1024, 1)
-    _log_config("norm_fwd_fp8", expr, f"max(1, rows/{rpb})", block)
-    return Launcher(k.kernel, "pppppppppppqifi", device), block, rpb
+        fit = sm_count(device) * _blocks_per_sm(k, expr, device, block[0] * block[1], 0)
+        grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))"
+    else:  # norm_fwd_looped_fp8: one block per row
+        rpb, block, fit, grid = 1, (1024, 1), None, "max(1, rows)"
+    _log_config("norm_fwd_fp8", expr, grid, block)
+    return Launcher(k.kernel, "pppppppppppqifi", device), block, rpb, fit
+
+
+# The FP8 forward walks groups of rows grid-stride: its grid is the resident blocks (occupancy of the
+# compiled kernel) times FWD_FP8_WAVES, so each block merges its amax once rather than once per row
+# group (None: one group per block, the launch of the plain forward; tools/sweep_norms.py compares).
+# FWD_FP8_MAX_GRID (None: no cap) forces a smaller grid (tests: several groups per block).
+FWD_FP8_WAVES = 1
+FWD_FP8_MAX_GRID = None
 
 
 def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
@@ -241,8 +251,17 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
         plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec)
-    fn, block, rpb = plan
-    fn(max(1, -(-M // rpb)), block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
+    fn, block, rpb, fit = plan
+    grid = -(-M // rpb)
+    if fit is not None and grid >= 2**31:  # the kernel counts row groups in 32 bits
+        raise ValueError(f"fusedkit: FP8-output norm of {M} rows of {N}: at most {2**31 * rpb - 1} rows per "
+                         "call; split the leading dimension into several calls")
+    if fit is not None and FWD_FP8_WAVES is not None:
+        grid = min(grid, fit * FWD_FP8_WAVES)
+    if fit is not None and FWD_FP8_MAX_GRID is not None:
+        grid = min(grid, FWD_FP8_MAX_GRID)
+    grid = max(1, grid)
+    fn(grid, block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
        amax, M, N, eps, zero_centered)
 
 
