@@ -131,7 +131,7 @@ struct alignas(64) TmaMap {
 };
 
 #ifndef FK_GEMM_OFFSET_PAIRS
-#define FK_GEMM_OFFSET_PAIRS 0   // see the SPLIT / BLOCK main loop
+#define FK_GEMM_OFFSET_PAIRS 1   // see the SPLIT / BLOCK main loop (A/B against 0: run 2026-12-03 next)
 #endif
 
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
