@@ -84,7 +84,7 @@ if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_nor
 if has softsweep; then timeout $(left 200) python3 tools/sweep_softmax.py "$OUT/sweep_softmax.json" > "$OUT/sweep_softmax.log" 2>&1; echo "softsweep rc=$?" >> "$OUT/sweep_softmax.log"; fi
 if has cesweep; then timeout $(left 200) python3 tools/sweep_cross_entropy.py "$OUT/sweep_ce.json" > "$OUT/sweep_ce.log" 2>&1; echo "cesweep rc=$?" >> "$OUT/sweep_ce.log"; fi
 if has gemmsweep; then timeout $(left 200) python3 tools/sweep_gemm.py "$OUT/sweep_gemm.json" > "$OUT/sweep_gemm.log" 2>&1; echo "gemmsweep rc=$?" >> "$OUT/sweep_gemm.log"; fi
-if has fp8sweep; then timeout $(left 200) python3 tools/sweep_norm_fp8.py "$OUT/sweep_norm_fp8.json" > "$OUT/sweep_norm_fp8.log" 2>&1; echo "fp8sweep rc=$?" >> "$OUT/sweep_norm_fp8.log"; fi
+if has fp8sweep; then timeout $(left 200) python3 tools/sweep_fp8_grid.py "$OUT/sweep_fp8_grid.json" > "$OUT/sweep_fp8_grid.log" 2>&1; echo "fp8sweep rc=$?" >> "$OUT/sweep_fp8_grid.log"; fi
 if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
   timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
@@ -116,7 +116,7 @@ cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
 for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log" 2>/dev/null | tail -12; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
-grep -E "BEST|rc=" "$L/sweep_act.log" "$L/sweep_softmax.log" "$L/sweep_ce.log" "$L/sweep_gemm.log" "$L/sweep_norm_fp8.log" 2>/dev/null
+grep -E "BEST|rc=" "$L/sweep_act.log" "$L/sweep_softmax.log" "$L/sweep_ce.log" "$L/sweep_gemm.log" "$L/sweep_fp8_grid.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 tail -n 2 "$L/gemm_cluster.log" 2>/dev/null
 grep -E "passed|failed|rc=|TFLOP" "$L/gemm.log" 2>/dev/null | tail -20
