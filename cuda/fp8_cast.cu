@@ -43,10 +43,11 @@
 // shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
 // loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
-//   Thread mapping: a block of 256 threads owns a 128 x 128 tile at a time and walks the row tiles of
-//   its 128-column strip with stride gridDim.y: without dbias the grid is about one wave of resident
-//   blocks (cuda_fp8.CT_WAVES), so the amax merge at the end of a block runs once per block, not per
-//   tile; with SUMS and a dbias 4 tiles per block, so the partial sums stay few. Warp w covers rows
+//   Thread mapping: a block of 256 threads owns a 128 x 128 tile (one tile per block; with SUMS and a
+//   dbias, 4 tiles down the rows, stride gridDim.y, so the partial sums stay few). A grid of 1-4 waves
+//   of resident blocks walking their strip's tiles (the amax merged once per block) measured slower:
+//   0.67-0.82 of copy against 0.85-0.87 (sweep_fp8_grid_2026-12-03T0949Z.json): block turnover hides
+//   the load latency of a tile better than the loop inside a block. Warp w covers rows
 //   32 (w & 3) .. +32 and columns 64 (w >> 2) .. +64 of the tile; lane = 8 rg + cg owns the 8 x 8
 //   sub-tile at rows 8 rg, columns 8 cg of the warp's. Per sub-tile: 8 row loads of 16 B (fp32: 2 x 16
 //   B) issued before any use (128 B in flight per thread; 1024 threads per SM: 128 KB per SM), the cast

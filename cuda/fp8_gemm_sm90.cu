@@ -131,7 +131,7 @@ struct alignas(64) TmaMap {
 };
 
 #ifndef FK_GEMM_OFFSET_PAIRS
-#define FK_GEMM_OFFSET_PAIRS 1   // see the SPLIT / BLOCK main loop (A/B against 0: run 2026-12-03 next)
+#define FK_GEMM_OFFSET_PAIRS 1   // 0 never, 1 GEMM_BLOCK only, 2 SPLIT and BLOCK: see the main loop
 #endif
 
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
@@ -615,18 +615,19 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           gemm_release<CLUSTER>(empty_bar(blk), lane);
         };
         int kb = 0;
-#if FK_GEMM_OFFSET_PAIRS
-        // Experiment (-DFK_GEMM_OFFSET_PAIRS=1, not measured yet): the second warpgroup promotes block 0
-        // alone and then pairs (1, 2), (3, 4), ...: each warpgroup's exposed promotion (after the second
-        // block of its pair) then falls while the other warpgroup has a block in flight. The order of
-        // additions per thread is unchanged, so are the results.
-        if (cw == 1 && k_blocks > 0) {
+        // Offset pairs (FK_GEMM_OFFSET_PAIRS): the second warpgroup promotes block 0 alone and then pairs
+        // (1, 2), (3, 4), ...: each warpgroup's exposed promotion (after the second block of its pair)
+        // then falls while the other warpgroup has a block in flight. The order of additions per thread
+        // is unchanged, so are the results. H200 A/B in one run (094930Z against 095013Z): BLOCK +2.6 to
+        // +5.3% at all five benchmark shapes; SPLIT -7.6 to +1.7% (mixed; the fast-accumulation rows,
+        // unaffected by the flag, moved up to 6% between the two runs) -> on for BLOCK only.
+        constexpr bool kOffsetPairs = FK_GEMM_OFFSET_PAIRS == 2 || (FK_GEMM_OFFSET_PAIRS == 1 && MODE == GEMM_BLOCK);
+        if (kOffsetPairs && cw == 1 && k_blocks > 0) {
           issue(acc, s0a, s1a, blk_a, 0);
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
           kb = 1;
         }
-#endif
         for (; kb + 2 <= k_blocks; kb += 2) {         // a pair: kb in acc, kb + 1 in acc2
           issue(acc, s0a, s1a, blk_a, kb);
           issue(acc2, s0b, s1b, blk_b, kb + 1);

@@ -61,23 +61,6 @@ def test_cast_transpose_current_matches_reference(backend, dtype, recipe, shape)
     _check(t, x, "e5m2", data, sinv, amax)
 
 
-@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
-@pytest.mark.parametrize("waves", [1e-9, 0.02, None], ids=["one_block_per_strip", "few", "tile_per_block"])
-@pytest.mark.parametrize("shape", [(1151, 1024), (2000, 136), (640, 4096)], ids=str)
-def test_cast_transpose_grid_stride(backend, waves, shape, monkeypatch):
-    """fp8_ct_tile's blocks walk the row tiles of their strip grid-stride: one block per 128-column strip,
-    a few, or one tile per block give the reference's bytes, scale_inv and amax."""
-    from fusedkit.backends import cuda_fp8
-    monkeypatch.setattr(cuda_fp8, "CT_WAVES", waves)
-    skip_unsupported(backend, "bfloat16")
-    rng = rng_for("ctgrid", backend, waves, shape)
-    x = awkward(rng, shape, "bfloat16", fp8.as_format("e4m3").max)
-    scale = F32(0.37)
-    t = fk.cast_transpose(to_backend(x, backend), fmt="e4m3", scale=float(scale))
-    data, sinv, amax = ref.quantize_delayed(x, scale, "e4m3")
-    _check(t, x, "e4m3", data, sinv, amax)
-
-
 def test_transpose_layout_is_2d():
     x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
     t = fk.cast_transpose(x, fmt="e4m3", scale=1.0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import align_elems, grid_stride_blocks, launcher, sm_count, vec_width
+from ._common import align_elems, grid_stride_blocks, launcher, vec_width
 from .cuda_activations import ACT_ID
 
 FILE = "fp8_cast.cu"
@@ -73,29 +73,12 @@ def ct_fast_vec(N, ins, outs) -> int:
     return 8 if ok else 1
 
 
-# Without dbias, fp8_ct_tile's blocks walk the row tiles of their strip grid-stride, and the grid holds
-# about CT_WAVES waves of resident blocks (None: one tile per block), so the amax merge at the end of a
-# block (a barrier, an L2 read, an atomic) runs once per block rather than once per tile.
-CT_WAVES = 1
-
-
-def ct_resident_per_sm(x_dt, act, sums, vec) -> int:
-    """fp8_ct_tile's blocks per SM: the minimum of its __launch_bounds__ (plain 2-byte cast 4, with sums
-    3, else 2)."""
-    return (3 if sums else 4) if act < 0 and ITEMSIZE[x_dt] == 2 and vec == 8 else 2
-
-
-def ct_grid(M, N, dbias, resident=None) -> tuple[int, int]:
+def ct_grid(M, N, dbias) -> tuple[int, int]:
     """fp8_ct_tile's grid: (128-column strips, blocks down the rows). With dbias the second number is
-    also the row count of the fp32 partial-sum scratch, and the first the number of ticket counters.
-    Without dbias and with ``resident`` (blocks the GPU holds at once), about CT_WAVES x resident
-    blocks."""
+    also the row count of the fp32 partial-sum scratch, and the first the number of ticket counters."""
     m_tiles = -(-M // FT_TILE)
-    gx = max(1, -(-N // FT_TILE))
     gy = -(-m_tiles // DBIAS_TILES) if dbias else m_tiles
-    if not dbias and resident is not None and CT_WAVES is not None:
-        gy = min(gy, -(-resident * CT_WAVES // gx))
-    return gx, max(1, min(gy, GRID_Y_MAX))
+    return max(1, -(-N // FT_TILE)), max(1, min(gy, GRID_Y_MAX))
 
 
 def _current_amax(x, amax_in, n, x_dt, sp, device):
@@ -161,8 +144,7 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
                 _dact_values(x, dy, amax_in, 0, M * N, x_dt, act, sp, device)
         sums = with_dbias or act >= 0
     fn = launcher(FILE, ct_tile_expr(x_dt, fmt, act, sums, vec), "ppppppppppppqifi", device)
-    resident = sm_count(device) * ct_resident_per_sm(x_dt, act, sums, vec)
-    fn(ct_grid(M, N, with_dbias, resident), (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,
+    fn(ct_grid(M, N, with_dbias), (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,
        scale_out, scale_inv, amax_out, dbias_part if with_dbias else 0, dbias_count, dbias, M, N, eps, pow2)
 
 
