@@ -436,9 +436,6 @@ __device__ __forceinline__ unsigned raw_bits(float v) { return __float_as_uint(v
 __device__ __forceinline__ unsigned raw_bits(bf16 v) { return v.bits; }
 __device__ __forceinline__ unsigned raw_bits(f16 v) { return v.bits; }
 
-template <typename T> struct IsBf16 { static constexpr bool value = false; };
-template <> struct IsBf16<bf16> { static constexpr bool value = true; };
-
 template <typename T>
 __device__ __forceinline__ float raw_elem(const Raw8<T>& r, int j) {
   if constexpr (sizeof(T) == 4) {

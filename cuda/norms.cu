@@ -133,25 +133,74 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
       if (residual != nullptr) {
         const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
                                      : load_vec<T, VEC>(residual + base + (long long)v * VEC);
+        Vec<T, VEC> h;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(to_float(raw[i].v[j]) + to_float(r.v[j]));
-        store_vec<T, VEC>(sum_out + base + (long long)v * VEC, raw[i]);
+        for (int j = 0; j < VEC; ++j) h.v[j] = from_float<T>(vec_elem(raw[i], j) + vec_elem(r, j));
+        raw[i] = h;
+        store_vec<T, VEC>(sum_out + base + (long long)v * VEC, h);
       }
     } else {
+      vec_zero(raw[i]);
+    }
+  }
+}
+
+// The output of one row held in registers: y = (x - mean) * rstd * g + beta, stored by the OUT policy.
+// PLAIN_W (a kernel template flag, chosen by the host): weights given (and a bias for LayerNorm), no
+// zero-centred gamma: g and beta come straight from their vector loads. Otherwise load_gamma /
+// load_beta supply the defaults (1, 0) and the + 1: their default values, null tests and adds cost
+// about 3 instructions per element in the SASS, which the common case no longer carries. (A uniform
+// branch per row instead of the flag made ptxas spill in the FP8 kernels under their register caps.)
+template <bool PLAIN_W, typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
+__device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
+                                          const W* __restrict__ b, typename OUT::Store* __restrict__ y,
+                                          typename OUT::State& st, int nvec, float mean, float rstd,
+                                          int zero_centered) {
+  using O = typename OUT::Store;
+  constexpr int T_ROW = 32 * WARPS;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = threadIdx.x + i * T_ROW;
+    if (v < nvec) {
+      float g[VEC], beta[VEC];
+      if constexpr (PLAIN_W) {
+        const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) g[j] = vec_elem(tw, j);
+        if constexpr (RMS) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
+        } else {
+          const Vec<W, VEC> tb = load_vec<W, VEC>(b + (long long)v * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) beta[j] = vec_elem(tb, j);
+        }
+      } else {
+        load_gamma<W, VEC>(w, v, zero_centered, g);
+        load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
+      }
+      if constexpr (OUT::kFp8) {
+        float o[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j];
+        OUT::template put<VEC>(y + (long long)v * VEC, o, st);
+      } else {
+        Vec<O, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j]);
+        store_vec<O, VEC>(y + (long long)v * VEC, out);
+      }
     }
   }
 }
 
 // Statistics and output of one row held in registers (all threads of the block call it: barriers).
-template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
+template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
 __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
                                               const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                               typename OUT::State& st, float* __restrict__ mean_out,
                                               float* __restrict__ rstd_out, long long row, bool row_ok, int N,
                                               float eps, int zero_centered) {
-  using O = typename OUT::Store;
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
@@ -163,7 +212,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += to_float(raw[i].v[j]);
+      for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
     mean = row_sum<WARPS>(s) * inv_n;
   }
   float ss = 0.f;
@@ -172,7 +221,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
     if (threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = to_float(raw[i].v[j]) - mean;
+        const float d = vec_elem(raw[i], j) - mean;
         ss += d * d;
       }
     }
@@ -184,31 +233,12 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
   const long long base = row * (long long)N;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = threadIdx.x + i * T_ROW;
-    if (v < nvec) {
-      float g[VEC], beta[VEC];
-      load_gamma<W, VEC>(w, v, zero_centered, g);
-      load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
-      if constexpr (OUT::kFp8) {
-        float o[VEC];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = (to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j];
-        OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
-      } else {
-        Vec<O, VEC> out;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(raw[i].v[j]) - mean) * rstd * g[j] + beta[j]);
-        store_vec<O, VEC>(y + base + (long long)v * VEC, out);
-      }
-    }
-  }
+  store_row<PLAIN_W, T, W, OUT, VEC, ITEMS, WARPS, RMS>(raw, w, b, y + base, st, nvec, mean, rstd, zero_centered);
 }
 
 // One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
 // many resident blocks (one register buffer each) rather than by a prefetch inside a block.
-template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS>
+template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, 1)
 norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
                 const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
@@ -218,7 +248,7 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
   Vec<T, VEC> a[ITEMS];
   load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
   typename PlainOut<O>::State st;
-  normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+  normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
                                                            eps, zero_centered);
 }
 
@@ -242,7 +272,7 @@ struct Fp8FwdMinBlocks {
 
 // The same with FP8 output (F = E4M3 / E5M2): y bytes = sat(y * *scale_in); amax of the fp32 y merged
 // into *amax_out; scale_inv written by block 0. Launched with at least one block (M = 0 included).
-template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS>
+template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
                                   (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
@@ -263,7 +293,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
     load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
                                                            eps, zero_centered);
   }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
@@ -558,8 +588,7 @@ __device__ __forceinline__ void read_stage(Vec<T, VEC> (&raw)[ITEMS], const T* s
     if (row_ok && v < nvec) {
       raw[i] = *reinterpret_cast<const Vec<T, VEC>*>(src + v * VEC);
     } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
+      vec_zero(raw[i]);
     }
   }
 }

@@ -38,8 +38,8 @@ if "--launch" in sys.argv:
     from fusedkit.backends import cuda_norms as cn
     xs = cupy.random.standard_normal((4, 1024), dtype=cupy.float32)
     ys = cupy.empty_like(xs)
-    fn, block, rpb = cn._fwd_plan(1024, "float32", "float32", "float32", True, 0, None, 16)
-    expr = cn.fwd_expr(cn.fwd_config(1024, 4, True), "float32", "float32", "float32", True)
+    fn, block, rpb = cn._fwd_plan(1024, "float32", "float32", "float32", True, 0, None, 16, False)
+    expr = cn.fwd_expr(cn.fwd_config(1024, 4, True), "float32", "float32", "float32", True, plain_w=False)
     raw = fk._jit.get_kernel(cn.FILE, expr, 0).kernel  # CuPy's Function, for comparison
     s = cupy.cuda.get_current_stream()
     args = (xs.data.ptr, 0, 0, 0, ys.data.ptr, 0, 0, 0, 4, 1024, 1e-6, 0)

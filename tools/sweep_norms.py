@@ -61,7 +61,7 @@ def main(out_path):
                 for cfg in candidates(N, direction):
                     try:
                         if direction == "fwd":
-                            expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms)
+                            expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms, plain_w=True)
 
                             def fn():
                                 cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),

@@ -12,6 +12,9 @@ namespace fk {
 struct bf16 { unsigned short bits; };
 struct f16 { unsigned short bits; };
 
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<bf16> { static constexpr bool value = true; };
+
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
 __device__ __forceinline__ float to_float(f16 v) {

@@ -43,4 +43,31 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// Element j of a loaded vector as fp32, read from the vector's 32-bit words. For bf16 that is one shift
+// (even j) or one mask (odd j) of the loaded register. Written per element (to_float(r.v[j])), ptxas
+// first splits every 16-bit element into its own register (a PRMT each, and a second predicated PRMT
+// where the vector may be zeroed) and then shifts it: three instructions and twice the registers for
+// a value the kernels read in up to three passes. fp16 and fp32 take to_float.
+template <typename T, int N>
+__device__ __forceinline__ float vec_elem(const Vec<T, N>& r, int j) {
+  if constexpr (IsBf16<T>::value && N % 2 == 0) {
+    const unsigned w = reinterpret_cast<const unsigned*>(r.v)[j >> 1];
+    return __uint_as_float((j & 1) ? (w & 0xFFFF0000u) : (w << 16));
+  } else {
+    return to_float(r.v[j]);
+  }
+}
+
+// A vector of zeros, written as 32-bit words where the vector is made of whole words.
+template <typename T, int N>
+__device__ __forceinline__ void vec_zero(Vec<T, N>& r) {
+  if constexpr ((sizeof(T) * N) % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(T) * N / 4); ++k) reinterpret_cast<unsigned*>(r.v)[k] = 0u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = from_float<T>(0.f);
+  }
+}
+
 }  // namespace fk

@@ -109,20 +109,27 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def fwd_expr(cfg, x_dt, w_dt, o_dt, rms) -> str:
+def plain_weights(w, b, rms, zero_centered) -> bool:
+    """The register forward's PLAIN_W flag: weights given (and a bias for LayerNorm), gamma not
+    zero-centred; then gamma and beta need no defaults (cuda/norms.cu store_row)."""
+    return bool(w) and (rms or bool(b)) and not zero_centered
+
+
+def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        name = "norm_fwd"
-        return f"fk::{name}<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+        return (f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}, "
+                f"{_b(plain_w)}>")
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms) -> str:
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        return f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}>"
+        return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
+                f"{_b(plain_w)}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -186,9 +193,9 @@ def _staged_ok(device: int) -> bool:
     return _env.STAGED and cupy.cuda.Device(device).compute_capability >= "90"
 
 
-def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec):
+def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w):
     cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms)
+    expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # one group of rows per block
         warps = cfg[3]
@@ -204,10 +211,11 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
     """Pointers in (0 = absent); writes y, optional x+res (hsum), mean, rstd."""
     s, ws, os_ = ITEMSIZE[x_dt], ITEMSIZE[w_dt], ITEMSIZE[o_dt]
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, os_), (w, ws), (b, ws)))
-    key = (N, x_dt, w_dt, o_dt, rms, device, config, max_vec)
+    plain_w = plain_weights(w, b, rms, zero_centered)
+    key = (N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w)
     plan = _fwd_plans.get(key)
     if plan is None:
-        plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec)
+        plan = _fwd_plans[key] = _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w)
     fn, block, rpb = plan
     if M > 0:
         fn(-(-M // rpb), block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, M, N, eps,
@@ -217,9 +225,9 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 _fwd_fp8_plans: dict = {}
 
 
-def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec):
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
     cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
         warps = cfg[3]
@@ -249,10 +257,11 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     (1 element, zeroed by the caller). Launched for M = 0 too (one block writes scale_inv)."""
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
-    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec)
+    plain_w = plain_weights(w, b, rms, zero_centered)
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
-        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec)
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
     if fit is not None and grid >= 2**31:  # the kernel counts row groups in 32 bits
@@ -362,10 +371,11 @@ def all_expressions():
             for rms in (False, True):
                 for N in Ns:
                     fc = fwd_config(N, ITEMSIZE[x_dt], rms)
-                    for o_dt in sorted({x_dt, "float32"}):
-                        exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms))
-                    for fmt in FMT_CXX:
-                        exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms))
+                    for plain_w in (False, True):
+                        for o_dt in sorted({x_dt, "float32"}):
+                            exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
+                        for fmt in FMT_CXX:
+                            exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms, plain_w=plain_w))
                     for staged in (False, True):
                         exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms))
     return {f: sorted(e) for f, e in exprs.items()}
