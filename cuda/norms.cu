@@ -321,12 +321,12 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if (residual != nullptr) {
       const Vec<T, VEC> r = load_vec<T, VEC>(residual + base + (long long)v * VEC);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+      for (int j = 0; j < VEC; ++j) a.v[j] = from_float<T>(vec_elem(a, j) + vec_elem(r, j));
       store_vec<T, VEC>(sum_out + base + (long long)v * VEC, a);
     }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float f = to_float(a.v[j]);
+      const float f = vec_elem(a, j);
       if constexpr (RMS) {
         ss += f * f;
       } else {
@@ -358,12 +358,12 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if constexpr (OUT::kFp8) {
       float o[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o[j] = (to_float(a.v[j]) - mean) * rstd * g[j] + beta[j];
+      for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(a, j) - mean) * rstd * g[j] + beta[j];
       OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
     } else {
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((to_float(a.v[j]) - mean) * rstd * g[j] + beta[j]);
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(a, j) - mean) * rstd * g[j] + beta[j]);
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
@@ -490,8 +490,8 @@ __device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], con
       load_gamma<W, VEC>(w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
-        d[j] = to_float(gr[i].v[j]);
+        const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
+        d[j] = vec_elem(gr[i], j);
         const float gd = d[j] * g[j];
         s_gdx += gd * xhat;
         s_gd += gd;
@@ -514,8 +514,8 @@ __device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], con
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_float(xr[i].v[j]) - mean) * rstd;
-        out.v[j] = from_float<T>(rstd * (to_float(gr[i].v[j]) * g[j] - xhat * c1 - c2));
+        const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
+        out.v[j] = from_float<T>(rstd * (vec_elem(gr[i], j) * g[j] - xhat * c1 - c2));
       }
       store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
     }
@@ -673,8 +673,8 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
       load_gamma<W, VEC>(w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (to_float(xv.v[j]) - mean) * rstd;
-        const float gd = to_float(gv.v[j]) * g[j];
+        const float xhat = (vec_elem(xv, j) - mean) * rstd;
+        const float gd = vec_elem(gv, j) * g[j];
         s_gdx += gd * xhat;
         s_gd += gd;
       }
@@ -690,8 +690,8 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const int col = v * VEC + j;
-        const float xhat = (to_float(xv.v[j]) - mean) * rstd;
-        const float d = to_float(gv.v[j]);
+        const float xhat = (vec_elem(xv, j) - mean) * rstd;
+        const float d = vec_elem(gv, j);
         out.v[j] = from_float<T>(rstd * (d * g[j] - xhat * c1 - c2));
         if (dwp != nullptr) dwp[col] += d * xhat;
         if (dbp != nullptr) dbp[col] += d;
