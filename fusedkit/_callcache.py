@@ -18,6 +18,7 @@ from ._launch import Launcher
 
 _plans: dict = {}
 _cupy_ndarray = None  # set once CuPy is imported by a call that planned a CuPy launch
+_cupy = None          # the cupy module then (a global lookup instead of an import statement per call)
 _torch_tensor = None
 
 
@@ -44,7 +45,7 @@ def _key(x, weight, bias, eps, zero_centered, out_dtype, return_stats, rms):
 def remember_norm_forward(x, weight, bias, eps, zero_centered, out_dtype, return_stats, rms, kind,
                           device, M, N, x_dt, w_dt, o_dt):
     """Called by the full path after a successful CuPy / torch norm forward without residual."""
-    global _cupy_ndarray, _torch_tensor
+    global _cupy_ndarray, _torch_tensor, _cupy
     if M == 0 or len(_plans) > 4096:
         return
     key = _key(x, weight, bias, eps, zero_centered, out_dtype, return_stats, rms)
@@ -56,7 +57,7 @@ def remember_norm_forward(x, weight, bias, eps, zero_centered, out_dtype, return
     stat_shape = tuple(x.shape[:-1]) if return_stats else None
     if kind == "cupy":
         import cupy
-        _cupy_ndarray = cupy.ndarray
+        _cupy, _cupy_ndarray = cupy, cupy.ndarray
         y_dtype = o_dt
     else:
         import torch
@@ -93,7 +94,7 @@ def _norm_forward_cupy(x, weight, bias, eps, zero_centered, out_dtype, return_st
         return None
     if plan is None:
         return None
-    import cupy
+    cupy = _cupy
     dev = plan.device
     xp = x.data.ptr
     wp = bp = 0

@@ -99,11 +99,7 @@ def _fp8_request(fp8_fmt, fp8_scale, out_dtype):
 
 def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms,
                   fp8_fmt=None, fp8_scale=None):
-    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
-        out = _callcache.norm_forward(x, weight, None if rms else bias, eps, zero_centered_gamma, out_dtype,
-                                      return_stats, rms)
-        if out is not None:
-            return out
+    # (layer_norm / rms_norm try the host fast path of _callcache.py first, before calling this)
     kind = _kind_of_call(x, (weight, bias, residual))
     _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
     fmt = _fp8_request(fp8_fmt, fp8_scale, out_dtype)
@@ -301,6 +297,10 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False
     ``1 / scale``, ``.amax`` the amax of the fp32 ``y`` before scaling, ``.fmt``. Not combinable with
     ``out_dtype``. NumPy, CPU torch/JAX, CuPy and CUDA torch arrays; not JAX GPU arrays or ``jax.jit``.
     """
+    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
+        out = _callcache.norm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype, return_stats, False)
+        if out is not None:
+            return out
     return _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats,
                          rms=False, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
 
@@ -312,6 +312,10 @@ def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=N
     Returns ``y``, then ``h = x + residual`` if a residual was given, then ``rstd`` if ``return_stats``.
     ``fp8_fmt`` / ``fp8_scale``: ``y`` as an FP8Tensor, as in :func:`layer_norm`.
     """
+    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
+        out = _callcache.norm_forward(x, weight, None, eps, zero_centered_gamma, out_dtype, return_stats, True)
+        if out is not None:
+            return out
     return _norm_forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, return_stats,
                          rms=True, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
 
