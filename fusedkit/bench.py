@@ -65,10 +65,19 @@ class GpuTimer:
         self.torch = torch
         self.flush = torch.empty(flush_mib * 2**20, dtype=torch.uint8, device="cuda")
 
-    def ms(self, fn, warmup=5, rep=30, min_time_ms=150.0):
+    def ms(self, fn, warmup=5, rep=30, min_time_ms=150.0, warmup_ms=25.0):
         torch = self.torch
-        for _ in range(warmup):
+        # warm up for at least `warmup` calls and `warmup_ms` of wall time (queued calls, then a sync):
+        # after a host-heavy phase (a peer's torch.compile, the previous op's setup) the SM clock idles
+        # down, and a few calls of a 100 us kernel did not bring it back: the first FP8 op of a run
+        # read 0.76-0.80 of copy where the same kernel on the same bytes at the next shape read 0.90
+        t_end = time.perf_counter() + warmup_ms / 1e3
+        n = 0
+        while n < warmup or time.perf_counter() < t_end:
             fn()
+            n += 1
+            if n % 64 == 0:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
         times = []
         t_end = time.perf_counter() + min_time_ms / 1e3
