@@ -313,3 +313,24 @@ def test_misaligned_pointers(offset, rms):
     dx64, dw64, _ = ref64_backward(dy, x, w, eps, rms)
     assert_close(dx, dx64, "float16", "dx")
     assert_rel(dw, dw64, "float16", "dweight")
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_forward_kernels_are_registered(rms):
+    """CPU: every forward kernel the dispatch asks for (plain and FP8 output, PLAIN_W on and off) at the
+    tested widths is in the compile-all registry, so no shipped instantiation escapes the spill check;
+    PLAIN_W is set exactly when weights (and a LayerNorm bias) are given and gamma is not zero-centred."""
+    from fusedkit.backends import cuda_norms as cn
+    exprs = set(cn.all_expressions()[cn.FILE])
+    for x_dt in DTYPES:
+        for N in (1, 7, 781, 1024, 4096, 16384, 65536):
+            cfg = cn.fwd_config(N, 4 if x_dt == "float32" else 2, rms)
+            for plain_w in (False, True):
+                assert cn.fwd_expr(cfg, x_dt, x_dt, x_dt, rms, plain_w=plain_w) in exprs
+                for fmt in ("e4m3", "e5m2"):
+                    assert cn.fwd_fp8_expr(cfg, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
+    w, b = 0x1000, 0x2000  # pointers; 0 = absent
+    assert cn.plain_weights(w, b, rms, False)
+    assert cn.plain_weights(w, 0, rms, False) == rms  # LayerNorm without bias needs the default beta
+    assert not cn.plain_weights(0, b, rms, False)
+    assert not cn.plain_weights(w, b, rms, True)
