@@ -52,7 +52,7 @@ def remember_norm_forward(x, weight, bias, eps, zero_centered, out_dtype, return
     if key in _plans:  # a call the fast path declined (a misaligned view, another device): nothing new
         return
     from .backends import cuda_norms
-    plain_w = weight is not None and (rms or bias is not None) and not zero_centered
+    plain_w = cuda_norms.plain_weights(weight is not None, bias is not None, rms, zero_centered)
     fn, block, rpb = cuda_norms._fwd_plan(N, x_dt, w_dt, o_dt, rms, device, None, 16, plain_w)
     stat_shape = tuple(x.shape[:-1]) if return_stats else None
     if kind == "cupy":

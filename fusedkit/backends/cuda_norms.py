@@ -264,13 +264,13 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
         plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
-    if fit is not None and grid >= 2**31:  # the kernel counts row groups in 32 bits
-        raise ValueError(f"fusedkit: FP8-output norm of {M} rows of {N}: at most {2**31 * rpb - 1} rows per "
-                         "call; split the leading dimension into several calls")
-    if fit is not None and FWD_FP8_WAVES is not None:
-        grid = min(grid, fit * FWD_FP8_WAVES)
-    if fit is not None and FWD_FP8_MAX_GRID is not None:
-        grid = min(grid, FWD_FP8_MAX_GRID)
+    if fit is not None:  # the register kernel: grid-stride over row groups
+        if grid >= 2**31:  # it counts row groups in 32 bits
+            raise ValueError(f"fusedkit: FP8-output norm of {M} rows of {N}: at most {2**31 * rpb - 1} rows "
+                             "per call; split the leading dimension into several calls")
+        for cap in (None if FWD_FP8_WAVES is None else fit * FWD_FP8_WAVES, FWD_FP8_MAX_GRID):
+            if cap is not None:
+                grid = min(grid, cap)
     grid = max(1, grid)
     fn(grid, block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
        amax, M, N, eps, zero_centered)
