@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,actsweep,softsweep,cesweep,gemm,gemmsweep,fp8sweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
+#   STAGES="test,sanitize,jit,sweep,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
 #   NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES steer the profile stage; GEMM_SANITIZE=0 skips
@@ -84,6 +84,12 @@ if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_nor
 if has softsweep; then timeout $(left 200) python3 tools/sweep_softmax.py "$OUT/sweep_softmax.json" > "$OUT/sweep_softmax.log" 2>&1; echo "softsweep rc=$?" >> "$OUT/sweep_softmax.log"; fi
 if has cesweep; then timeout $(left 200) python3 tools/sweep_cross_entropy.py "$OUT/sweep_ce.json" > "$OUT/sweep_ce.log" 2>&1; echo "cesweep rc=$?" >> "$OUT/sweep_ce.log"; fi
 if has gemmsweep; then timeout $(left 200) python3 tools/sweep_gemm.py "$OUT/sweep_gemm.json" > "$OUT/sweep_gemm.log" 2>&1; echo "gemmsweep rc=$?" >> "$OUT/sweep_gemm.log"; fi
+if has gemmrepeat; then  # run-to-run spread of the FP8 GEMM vs cuBLASLt, with the SM clock / power logged beside it
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 > "$OUT/smi_gemm.csv" 2>&1 &
+  smi=$!
+  timeout $(left 240) python3 tools/gemm_repeat.py "$OUT/sweep_gemm_repeat.json" > "$OUT/gemm_repeat.log" 2>&1; echo "gemmrepeat rc=$?" >> "$OUT/gemm_repeat.log"
+  kill $smi 2>/dev/null
+fi
 if has fp8sweep; then timeout $(left 200) python3 tools/sweep_fp8_grid.py "$OUT/sweep_fp8_grid.json" > "$OUT/sweep_fp8_grid.log" 2>&1; echo "fp8sweep rc=$?" >> "$OUT/sweep_fp8_grid.log"; fi
 if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
@@ -109,7 +115,7 @@ fi
 
 # at most 8 files come back: logs in one archive, the results JSON and chart at the top
 ( cd "$OUT" && mv results/*.json results/*.png . 2>/dev/null; rmdir results 2>/dev/null
-  tar czf logs.tgz --remove-files $(ls *.log *.xml *.txt sweep*.json 2>/dev/null) 2>/dev/null; rm -rf /tmp/fk_logs; mkdir -p /tmp/fk_logs; tar xzf logs.tgz -C /tmp/fk_logs )
+  tar czf logs.tgz --remove-files $(ls *.log *.xml *.txt *.csv sweep*.json 2>/dev/null) 2>/dev/null; rm -rf /tmp/fk_logs; mkdir -p /tmp/fk_logs; tar xzf logs.tgz -C /tmp/fk_logs )
 echo "================ summary ================"
 L=/tmp/fk_logs
 cat "$L/jit.txt" 2>/dev/null
@@ -118,13 +124,15 @@ for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log"
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
 grep -E "BEST|rc=" "$L/sweep_act.log" "$L/sweep_softmax.log" "$L/sweep_ce.log" "$L/sweep_gemm.log" "$L/sweep_fp8_grid.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
+grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null
 tail -n 2 "$L/gemm_cluster.log" 2>/dev/null
 grep -E "passed|failed|rc=|TFLOP" "$L/gemm.log" 2>/dev/null | tail -20
 # ncu: one line per kernel launch: name, duration, DRAM throughput, achieved occupancy, registers
-[ -f "$L/ncu.txt" ] && awk 'function out() { if (k != "") printf "%-58.58s dur %-12s dram%% %-6s occ%% %-6s regs %s\n", k, d, t, o, r }
-  /^  [a-zA-Z_].*\(.*Context/ { out(); k = $0; sub(/^ +(void )?/, "", k); sub(/\(.*/, "", k); gsub(/fk::| /, "", k); d = t = o = r = "" }
+[ -f "$L/ncu.txt" ] && awk 'function out() { if (k != "") printf "%-58.58s dur %-12s dram%% %-6s sm%% %-6s ipc/sched %-5s occ%% %-6s regs %s\n", k, d, t, c, i, o, r }
+  /^  [a-zA-Z_].*\(.*Context/ { out(); k = $0; sub(/^ +(void )?/, "", k); sub(/\(.*/, "", k); gsub(/fk::| /, "", k); d = t = o = r = c = i = "" }
   /^ +Duration / { d = $NF " " $(NF-1) } /^ +DRAM Throughput/ { t = $NF } /^ +Achieved Occupancy/ { o = $NF }
-  /^ +Registers Per Thread/ { r = $NF } END { out() }' "$L/ncu.txt"
+  /^ +Registers Per Thread/ { r = $NF } /^ +Compute \(SM\) Throughput/ { c = $NF } /^ +Issued Warp Per Scheduler/ { i = $NF }
+  END { out() }' "$L/ncu.txt"
 grep -E "rc=" "$L/ncu.txt" 2>/dev/null
 grep -E "fusedkit |rc=" "$L/expbench.log" 2>/dev/null | head -40
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
