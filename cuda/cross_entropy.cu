@@ -56,6 +56,7 @@
 #include "common/vec.cuh"
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
+#include "common/bulk.cuh"
 
 namespace fk {
 
@@ -111,7 +112,7 @@ __device__ __forceinline__ void ce_write_loss(float* __restrict__ loss, float* _
                                               float smoothing, float z_loss) {
   float l = 0.f, lse = 0.f;
   if (r.valid) {
-    const float ln_s = logf(st.s);
+    const float ln_s = kCeLn2 * log2_sum_at(st.s, st.m);
     lse = st.m + ln_s;
     if (!r.in_range) {
       l = __int_as_float(0x7fc00000);  // NaN: the target is outside [0, N)
@@ -126,7 +127,68 @@ __device__ __forceinline__ void ce_write_loss(float* __restrict__ loss, float* _
   if (lse_out != nullptr) lse_out[row] = lse;
 }
 
-// The gradient of one vector (columns col0 ... col0 + VEC - 1) of a valid row.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> zero_vec() {
+  Vec<T, VEC> o;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(0.f);
+  return o;
+}
+
+// What the fused kernels need for the gradient of a valid row, from its merged statistics:
+//   dx_j = cs 2^(fma(x_j, log2 e, -key)) - cbase - [j == t] tgt,  cs = coef / s
+// (the keyed sum s of common/online_softmax.cuh, so p_j = 2^(...) / s): an FFMA, an exponential and an
+// FFMA per element. The target's term is not in ce_grad_keyed: the thread that wrote the target's vector
+// rewrites that one element afterwards (ce_fix_target; program order makes its write the last), which
+// saves a column test per vector.
+struct CeGrad {
+  float key, cs, cbase, tgt;
+};
+
+__device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, const LseStats& st, int N, float smoothing,
+                                                 float z_loss) {
+  const float lse = st.m + kCeLn2 * log2_sum_at(st.s, st.m);
+  const float coef = r.g * (1.f + 2.f * z_loss * lse);
+  return {lse_key(st.m), coef / st.s, r.g * smoothing / (float)N, r.g * (1.f - smoothing)};
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> ce_grad_keyed(const Vec<T, VEC>& x, const CeGrad& g) {
+  Vec<T, VEC> o;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase));
+  return o;
+}
+
+// The gradient of one vector, stored at p: a 16-byte vector as whole words (store_floats16).
+template <typename T, int VEC>
+__device__ __forceinline__ void ce_store_grad(T* p, const Vec<T, VEC>& x, const CeGrad& g) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    float f[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase);
+    store_floats16<T, VEC>(p, f);
+  } else {
+    store_vec<T, VEC>(p, ce_grad_keyed<T, VEC>(x, g));
+  }
+}
+
+// A vector of zero gradient (an ignored row).
+template <typename T, int VEC>
+__device__ __forceinline__ void ce_store_zero(T* p) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    st_global_v4(p, 0u, 0u, 0u, 0u);
+  } else {
+    store_vec<T, VEC>(p, zero_vec<T, VEC>());
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void ce_fix_target(T* __restrict__ grad_elem, float xt, const CeGrad& g) {
+  *grad_elem = from_float<T>(fmaf(g.cs, exp_keyed(xt, g.key), -g.cbase) - g.tgt);
+}
+
+// The gradient of one vector (columns col0 ... col0 + VEC - 1) of a valid row from a saved lse (ce_bwd).
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long long col0, long long t, float m,
                                                    float log2_s, float coef, float base, float tgt) {
@@ -143,14 +205,6 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
   Vec<T, VEC> o;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(f[j]);
-  return o;
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> zero_vec() {
-  Vec<T, VEC> o;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(0.f);
   return o;
 }
 
@@ -186,16 +240,16 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   for (int i = 0; i < ITEMS; ++i)
     if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, to_float(raw[i].v[j]));
-  const float m_loc = m == ce_neg_inf() ? 0.f : m;
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, vec_elem(raw[i], j));
+  const float key = lse_key(m);
   float s = 0.f, a = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float x = to_float(raw[i].v[j]);
-        s += exp_shifted(x, m_loc);
+        const float x = vec_elem(raw[i], j);
+        s += exp_keyed(x, key);
         if (smooth) a += x - x0;
       }
     }
@@ -208,18 +262,21 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   if (!row_ok) return;
   if (leader) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
-  const float log2_s = log2f(st.s);
-  const float lse = st.m + log2_s * kCeLn2;
-  const float coef = r.g * (1.f + 2.f * z_loss * lse);
-  const float cbase = r.g * smoothing / (float)N, tgt = r.g * (1.f - smoothing);
+  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + (int)threadIdx.x + i * T_ROW;
     if (v < vend) {
-      const Vec<T, VEC> o = r.valid ? ce_grad_vec<T, VEC>(raw[i], (long long)v * VEC, r.t, st.m, log2_s, coef, cbase, tgt)
-                                    : zero_vec<T, VEC>();
-      store_vec<T, VEC>(grad + base + (long long)v * VEC, o);
+      if (r.valid) {
+        ce_store_grad<T, VEC>(grad + base + (long long)v * VEC, raw[i], gp);
+      } else {
+        ce_store_zero<T, VEC>(grad + base + (long long)v * VEC);
+      }
     }
+  }
+  if (r.in_range) {  // the target's vector is this thread's: rewrite its element (st.b = x_t, merged)
+    const int vt = (int)(r.t / VEC);
+    if (vt >= v0 && vt < vend && (vt - v0) % T_ROW == (int)threadIdx.x) ce_fix_target(grad + base + r.t, st.b, gp);
   }
 }
 
@@ -249,6 +306,94 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
   cluster_wait();  // every CTA has read this CTA's slot
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Fused forward + gradient, row (or a cluster's chunk of it) staged in shared memory by one bulk copy
+// (sm_90+). Grid = M * CLUSTER 1-D blocks of THREADS threads; dynamic shared memory = the chunk (16-byte
+// vectors [v0, v0 + nloc), nloc <= ceil(N / VEC / CLUSTER)). Needs N % VEC == 0 and 16-byte aligned
+// logits and grad (the host checks). logits and grad may alias: a CTA writes only its own chunk, after
+// the chunk sits in shared memory; x_0 (global) is read before the CTA joins the cluster merge, which
+// every CTA (CTA 0 writes x_0's gradient) passes only after every CTA has arrived.
+template <typename T, int THREADS, int CLUSTER>
+__global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
+  constexpr int VEC = 16 / (int)sizeof(T);
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char ce_stage[];
+  __shared__ unsigned long long bar;
+  __shared__ float4 slot;
+  const V* stage = reinterpret_cast<const V*>(ce_stage);
+  const long long row = blockIdx.x / CLUSTER;
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), nloc = min(v0 + chunk, nvec) - v0;
+  const long long base = row * (long long)N;
+  const CeRow r = ce_row(target, t32, row, true, N, ignore_index, count, grad_scale);
+  const bool load = r.valid && nloc > 0;
+  const StageRing ring(&bar, 1);
+  if (threadIdx.x == 0) {
+    ring.init();
+    if (load) {
+      ring.expect(0, (unsigned)nloc * 16u);
+      bulk_load(ce_stage, logits + base + (long long)v0 * VEC, (unsigned)nloc * 16u, ring.bar(0));
+    }
+  }
+  const bool smooth = smoothing != 0.f;
+  const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
+  __syncthreads();  // the barrier's init is visible
+  if (load) ring.wait(0, 0);
+
+  // pass 1: this thread's max (packed for 16-bit types); pass 2: its keyed sum (and the smoothing sum)
+  RunningMax<T, VEC> mx;
+#pragma unroll 4
+  for (int v = threadIdx.x; v < nloc && r.valid; v += THREADS) mx.add(stage[v]);
+  const float m = mx.value();
+  const float key = lse_key(m);
+  float s = 0.f, a = 0.f;
+  if (r.valid) {
+    if (smooth) {
+#pragma unroll 2
+      for (int v = threadIdx.x; v < nloc; v += THREADS) {
+        const V x = stage[v];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float f = vec_elem(x, j);
+          s += exp_keyed(f, key);
+          a += f - x0;
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int v = threadIdx.x; v < nloc; v += THREADS) {
+        const V x = stage[v];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += exp_keyed(vec_elem(x, j), key);
+      }
+    }
+  }
+  // the target logit, from this chunk's copy (the CTA that holds it)
+  const long long tl = r.t - (long long)v0 * VEC;
+  const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
+  const float xt = owner ? to_float(reinterpret_cast<const T*>(ce_stage)[tl]) : 0.f;
+  LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f});
+  if constexpr (CLUSTER > 1) {
+    st = cluster_merge<CLUSTER>(st, &slot);
+    cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
+  }
+  if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
+  if (grad != nullptr) {
+    T* g = grad + base + (long long)v0 * VEC;
+    if (r.valid) {
+      const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
+#pragma unroll 4
+      for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_grad<T, VEC>(g + (long long)v * VEC, stage[v], gp);
+      if (owner && (int)(tl / VEC) % THREADS == (int)threadIdx.x) ce_fix_target(g + tl, xt, gp);
+    } else {
+#pragma unroll 4
+      for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_zero<T, VEC>(g + (long long)v * VEC);
+    }
+  }
+  if constexpr (CLUSTER > 1) cluster_wait();  // every CTA has read this CTA's slot
+}
+
 // Rows too long for registers: one row per block, an online (m, s) pass, then a second pass that
 // re-reads the row and writes the gradient (each vector read and written by the same thread).
 template <typename T, int VEC>
@@ -268,14 +413,14 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
       const Vec<T, VEC> x = load_vec<T, VEC>(logits + base + (long long)v * VEC);
       float vm = m;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) vm = fmaxf(vm, to_float(x.v[j]));
-      s = rescale_sum(s, m, vm);
+      for (int j = 0; j < VEC; ++j) vm = fmaxf(vm, vec_elem(x, j));
+      s = rescale_keyed(s, m, vm);
       m = vm;
-      const float m_loc = m == ce_neg_inf() ? 0.f : m;
+      const float key = lse_key(m);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float f = to_float(x.v[j]);
-        s += exp_shifted(f, m_loc);
+        const float f = vec_elem(x, j);
+        s += exp_keyed(f, key);
         if (smooth) a += f - x0;
       }
     }
@@ -283,20 +428,16 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
   const LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt});
   if (threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
-  const float log2_s = log2f(st.s);
-  const float lse = st.m + log2_s * kCeLn2;
-  const float coef = r.g * (1.f + 2.f * z_loss * lse);
-  const float cbase = r.g * smoothing / (float)N, tgt = r.g * (1.f - smoothing);
+  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
   for (int v = threadIdx.x; v < nvec; v += kCeLoopedThreads) {
-    Vec<T, VEC> o;
     if (r.valid) {
-      const Vec<T, VEC> x = load_vec<T, VEC>(logits + base + (long long)v * VEC);
-      o = ce_grad_vec<T, VEC>(x, (long long)v * VEC, r.t, st.m, log2_s, coef, cbase, tgt);
+      ce_store_grad<T, VEC>(grad + base + (long long)v * VEC, load_vec<T, VEC>(logits + base + (long long)v * VEC), gp);
     } else {
-      o = zero_vec<T, VEC>();
+      ce_store_zero<T, VEC>(grad + base + (long long)v * VEC);
     }
-    store_vec<T, VEC>(grad + base + (long long)v * VEC, o);
   }
+  if (r.in_range && (int)(r.t / VEC) % kCeLoopedThreads == (int)threadIdx.x)
+    ce_fix_target(grad + base + r.t, st.b, gp);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -423,6 +423,70 @@ def test_misaligned_views(offset, N):
     assert_grad(grad, g64, scale, "float16", "misaligned grad")
 
 
+@pytest.fixture
+def registers_only(monkeypatch):
+    """Routes every vocab size to the register kernels (a block's registers, or a cluster's on sm_90)."""
+    from fusedkit.backends import cuda_cross_entropy as ce
+    monkeypatch.setattr(ce, "STAGED_MIN_BYTES", 1 << 62)
+    monkeypatch.setattr(ce, "_plans", {})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [32768, 131072, 262144])
+def test_register_kernels(registers_only, dtype, N):
+    pytest.importorskip("torch")
+    x, t, X, T = _inputs("torch", dtype, (3, N), ("registers", dtype, N))
+    loss, lse, grad = fk.cross_entropy(X, T, label_smoothing=0.1, z_loss=1e-3, return_lse=True, return_grad=True)
+    l64, lse64, g64, scale = ref64(x, t, eps=0.1, z=1e-3)
+    assert_loss(loss, l64, "register-kernel loss")
+    assert_loss(lse, lse64, "register-kernel lse")
+    assert_grad(grad, g64, scale, dtype, "register-kernel grad")
+
+
+@pytest.fixture(params=[1, 2, 4, 8], ids=lambda c: f"cluster{c}")
+def staged_cluster(request, monkeypatch):
+    """Routes every vocab size whose rows allow 16-byte vectors to the staged kernel with a cluster of
+    the given size (however short the row: CTAs past the row's end get an empty chunk)."""
+    from fusedkit.backends import cuda_cross_entropy as ce
+    monkeypatch.setattr(ce, "STAGED_MIN_BYTES", 0)
+    monkeypatch.setattr(ce, "STAGED_CLUSTERS", (request.param,))
+    monkeypatch.setattr(ce, "STAGE_CHUNK_BYTES", 1 << 30)
+    monkeypatch.setattr(ce, "_plans", {})
+    return request.param
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [8, 4096, 32768, 50264])
+def test_staged_kernel(staged_cluster, dtype, N):
+    """The staged kernel at every cluster size: uneven chunks (50264 = 8 x 6283 vectors), CTAs with no
+    vectors (N = 8), ignored rows, smoothing and z-loss, loss only, in place, and the target in every
+    chunk."""
+    torch = pytest.importorskip("torch")
+    from fusedkit.backends import cuda_cross_entropy as ce
+    M = 6
+    x, t, X, T = _inputs("torch", dtype, (M, N), ("staged", staged_cluster, dtype, N))
+    assert ce.fwd_config(N, x.itemsize)[0] == "staged"
+    t[1:] = np.linspace(0, N - 1, M - 1).astype(np.int64)  # targets in the first to the last chunk
+    t[2] = IGNORE
+    T = to_backend(t, "torch")
+    loss, lse, grad = fk.cross_entropy(X, T, label_smoothing=0.1, z_loss=1e-3, reduction="none", return_lse=True,
+                                       return_grad=True)
+    l64, lse64, g64, scale = ref64(x, t, eps=0.1, z=1e-3, reduction="none")
+    assert_loss(loss, l64, "staged loss")
+    assert_loss(lse, lse64, "staged lse")
+    assert_grad(grad, g64, scale, dtype, "staged grad")
+    assert not to_numpy(grad)[2].any(), "an ignored row's gradient is 0"
+    loss_only = fk.cross_entropy(X, T, label_smoothing=0.1, z_loss=1e-3, reduction="none")
+    np.testing.assert_array_equal(to_numpy(loss_only), to_numpy(loss))
+    X2 = to_backend(x.copy(), "torch")
+    _, g2 = fk.cross_entropy(X2, T, label_smoothing=0.1, z_loss=1e-3, reduction="none", return_grad=True,
+                             inplace_grad=True)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(to_numpy(g2), to_numpy(grad))
+
+
 @pytest.mark.gpu
 def test_torch_non_default_stream():
     torch = pytest.importorskip("torch")
@@ -489,9 +553,14 @@ def test_configs():
     within the register budget of its launch bounds; every config of a registered vocab is compiled by
     the compile-all check."""
     from fusedkit.backends import cuda_cross_entropy as ce
-    assert ce.fwd_config(32768, 2) == ("rows", 8, 4, 16, 2)
-    assert ce.fwd_config(131072, 2) == ("rows", 8, 4, 16, 8)
-    assert ce.fwd_config(262144, 2) == ("rows", 8, 8, 16, 8)
+    assert ce.fwd_config(32768, 2) == ("staged", 256, 1)
+    assert ce.fwd_config(131072, 2) == ("staged", 256, 4)
+    assert ce.fwd_config(262144, 2) == ("staged", 256, 8)
+    assert ce.fwd_config(262144, 4) == ("staged", 256, 16)
+    assert ce.staged_smem(ce.fwd_config(50264, 2), 50264, 2) == 3142 * 16  # two CTAs, 6283 vectors
+    assert ce.fwd_config(32768, 2, max_vec=4) == ("rows", 4, 8, 16, 2)  # a view off 16 bytes: registers
+    assert ce.fwd_config(50257, 2)[0] == "rows"  # rows not made of 16-byte vectors: registers
+    assert ce.fwd_config(8192, 2) == ("rows", 8, 2, 16, 1)  # below STAGED_MIN_BYTES
     assert ce.fwd_config(262144, 2, cluster=False)[0] == "looped"
     assert ce.fwd_config(7, 2) == ("rows", 1, 1, 1, 1)
     exprs = set(ce.all_expressions()[ce.FILE])
@@ -504,6 +573,9 @@ def test_configs():
                     assert N % vec == 0 and items * ce.regs_per_item(vec, s) <= 32
                     assert -(-(N // vec) // c) <= items * 32 * warps, (N, s, cfg)
                     assert c == 1 or (cluster and warps == 16)
+                elif cfg[0] == "staged":
+                    assert cluster and N % (16 // s) == 0 and ce.staged_smem(cfg, N, s) <= ce.STAGE_CHUNK_BYTES
     for N in (1, 7, 781, 32768, 131072, 262144):
         for s, dt in ((2, "bfloat16"), (4, "float32")):
-            assert ce.fwd_expr(ce.fwd_config(N, s), dt) in exprs
+            for max_vec in (16, 1):
+                assert ce.fwd_expr(ce.fwd_config(N, s, max_vec=max_vec), dt) in exprs

@@ -2,8 +2,9 @@
 1..16 warps and several rows per block, clusters of 2, 4 and 8 CTAs with 32 and 64 values per thread,
 the looped kernel, scalar vectors for odd vocabs and misaligned views, the backward from lse, the
 count and sum reductions with one block and with block partials, in-place gradients, int32 and int64
-targets, ignored and out-of-range targets) on CuPy, for compute-sanitizer memcheck / racecheck /
-synccheck. Exits non-zero on a result that differs from the CPU reference beyond a loose tolerance.
+targets, ignored and out-of-range targets; the staged kernel, row chunks bulk-copied into shared memory,
+at cluster sizes 1-8, down to CTAs with an empty chunk) on CuPy, for compute-sanitizer memcheck /
+racecheck / synccheck. Exits non-zero on a result that differs from the CPU reference beyond a loose tolerance.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_cross_entropy.py
 """
@@ -76,6 +77,23 @@ for (M, N) in ((5, 7), (3, 32768), (2, 262144)):
     run(M, N, "float16", inplace=True)
 ce.fwd_config = plain
 ce._plans.clear()
+# the register kernels (rows in one block, clusters of 2-8 CTAs) where the staged kernel would run
+staged_min = ce.STAGED_MIN_BYTES
+ce.STAGED_MIN_BYTES = 1 << 62
+ce._plans.clear()
+for (M, N) in ((3, 32768), (2, 131072), (2, 262144)):
+    run(M, N, "float16", inplace=True)
+ce.STAGED_MIN_BYTES = staged_min
+# the staged kernel at every cluster size, down to CTAs with an empty chunk (N = 8 over 8 CTAs)
+saved = (ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES)
+ce.STAGED_MIN_BYTES, ce.STAGE_CHUNK_BYTES = 0, 1 << 30
+for c in (1, 2, 4, 8):
+    ce.STAGED_CLUSTERS = (c,)
+    ce._plans.clear()
+    for (M, N) in ((5, 8), (3, 50264)):
+        run(M, N, "float16", inplace=(c % 4 == 0))
+ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES = saved
+ce._plans.clear()
 # an out-of-range target: NaN loss, zero gradient row, no fault
 X = cupy.asarray(rng.standard_normal((2, 32768)).astype(np.float16))
 loss, grad = fk.cross_entropy(X, cupy.asarray([5, 40000]), reduction="none", return_grad=True)
@@ -83,5 +101,5 @@ cupy.cuda.Device().synchronize()
 if not (np.isnan(float(loss[1])) and not bool(grad[1].any())):
     print("MISMATCH out-of-range target")
     ok = False
-print("kernels:", len(seen), "register/cluster configs;", "sanitize_cross_entropy:", "ok" if ok else "FAILED")
+print("kernels:", len(seen), "staged/register/cluster configs;", "sanitize_cross_entropy:", "ok" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

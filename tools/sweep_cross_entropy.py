@@ -1,5 +1,6 @@
 """Sweep the fused cross-entropy's launch configs on the GPU (bf16 logits, loss + gradient, 4MN bytes):
-register rows (warps x vectors per thread), clusters of C CTAs, and the looped kernel.
+register rows (warps x vectors per thread), clusters of C CTAs, the staged kernel (threads x cluster
+size: the row chunk per CTA in shared memory) and the looped kernel.
 
     python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it)
 
@@ -33,6 +34,10 @@ def candidates(N):
                 if not cap >= nv > cap // 2 or data_regs > 32 or (warps == 32 and data_regs > 16):
                     continue
                 out.append(("rows", vec, items, warps, c))
+    for threads in (256, 512):
+        for c in (1, 2, 4, 8, 16):
+            if -(-nv // c) * 16 <= 200 * 1024 and -(-nv // c) >= threads:
+                out.append(("staged", threads, c))
     return out + [("looped", vec)]
 
 

@@ -42,13 +42,32 @@ __device__ __forceinline__ float exp2_nonpos(float t) {
 // exp(v - m) for v <= m (v = -inf gives 0).
 __device__ __forceinline__ float exp_shifted(float v, float m) { return exp2_nonpos((v - m) * kLog2e); }
 
+// Keyed sums (the cross-entropy statistics, LseStats): a sum kept relative to the key K(m) = fl(m log2 e)
+// of its max m (0 for m = -inf, a thread with no values) as s = sum 2^(fma(v, log2 e, -K(m))). Each term
+// costs one FFMA before its exponential (the product inside the FFMA is exact, so offsets of 1e4 lose
+// nothing to a prescaled v * log2 e), against a subtraction and a multiply for exp_shifted; merges
+// rescale by 2^(K(from) - K(to)), so every partial sum stays relative to the rounded key of its own max
+// and the keys cancel in every ratio (a probability p_j = 2^(fma(x_j, log2 e, -K(m))) / s). Where the
+// absolute value matters (lse = m + ln s_m, s_m the sum relative to m itself): log2 s_m = log2 s -
+// fma(m, log2 e, -K(m)), the key's rounding residual (below 2^-11 for |m| < 1e4), computed exactly.
+__device__ __forceinline__ float lse_key(float m) { return m == -__int_as_float(0x7f800000) ? 0.f : m * kLog2e; }
+__device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
+// s relative to K(from), re-expressed relative to K(to) for to >= from (a sum with from = -inf is 0).
+__device__ __forceinline__ float rescale_keyed(float s, float from, float to) {
+  return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(lse_key(from) - lse_key(to)));
+}
+// log2 of the sum relative to m itself, from a keyed sum s.
+__device__ __forceinline__ float log2_sum_at(float s, float m) {
+  return log2f(s) - fmaf(m, kLog2e, -lse_key(m));
+}
+
 struct MaxSum {
   float m, s;
 };
 
-// The cross-entropy statistics: the (m, s) pair plus two plain fp32 sums carried through the same
-// reduction round (a = sum of (x - x_0) for label smoothing, b = the target logit, held by one thread
-// and 0 elsewhere).
+// The cross-entropy statistics: the max m and the keyed sum s (above) plus two plain fp32 sums carried
+// through the same reduction round (a = sum of (x - x_0) for label smoothing, b = the target logit, held
+// by one thread and 0 elsewhere).
 struct LseStats {
   float m, s, a, b;
 };
@@ -89,8 +108,8 @@ template <>
 struct StatsOps<LseStats> {
   static __device__ __forceinline__ LseStats identity() { return {-__int_as_float(0x7f800000), 0.f, 0.f, 0.f}; }
   static __device__ __forceinline__ LseStats merge(const LseStats& x, const LseStats& y) {
-    const MaxSum ms = max_sum_merge(MaxSum{x.m, x.s}, MaxSum{y.m, y.s});
-    return {ms.m, ms.s, x.a + y.a, x.b + y.b};
+    const float m = fmaxf(x.m, y.m);
+    return {m, rescale_keyed(x.s, x.m, m) + rescale_keyed(y.s, y.m, m), x.a + y.a, x.b + y.b};
   }
   static __device__ __forceinline__ float4 pack(const LseStats& v) { return make_float4(v.m, v.s, v.a, v.b); }
   static __device__ __forceinline__ LseStats unpack(float4 p) { return {p.x, p.y, p.z, p.w}; }

@@ -43,6 +43,36 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// Two fp32 values rounded (RNE) into one 32-bit word of 16-bit T, a in the low half: one cvt.rn.*x2.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+  unsigned d;
+  if constexpr (IsBf16<T>::value) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(b), "f"(a));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(b), "f"(a));
+  }
+  return d;
+}
+
+// One 16-byte global store of four words (p 16-byte aligned), as st.global.v4.b32 in so many words: in
+// ce_fwd_staged (cross_entropy.cu) NVVM split both a Vec of 16-bit elements and a uint4 assignment into
+// 4- and 8-byte stores (NVRTC 13), where the other kernels get STG.E.128 from store_vec.
+__device__ __forceinline__ void st_global_v4(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// N fp32 values rounded to T and stored as one 16-byte vector (N * sizeof(T) == 16), whole words.
+template <typename T, int N>
+__device__ __forceinline__ void store_floats16(T* p, const float (&f)[N]) {
+  static_assert(N * sizeof(T) == 16, "store_floats16 stores one 16-byte vector");
+  if constexpr (sizeof(T) == 4) {
+    st_global_v4(p, __float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    st_global_v4(p, pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7]));
+  }
+}
+
 // Element j of a loaded vector as fp32, read from the vector's 32-bit words. For bf16 that is one shift
 // (even j) or one mask (odd j) of the loaded register. Written per element (to_float(r.v[j])), ptxas
 // first splits every 16-bit element into its own register (a PRMT each, and a second predicated PRMT
@@ -71,5 +101,54 @@ __device__ __forceinline__ void vec_zero(Vec<T, N>& r) {
     for (int j = 0; j < N; ++j) r.v[j] = from_float<T>(0.f);
   }
 }
+
+// Running max over whole vectors, for the max pass of a row staged in shared memory. bf16 / fp16
+// vectors of whole 32-bit words keep it packed: one max.bf16x2 / max.f16x2 (sm_80+; exact, and NaN-
+// dropping as fmaxf) per word, half an instruction per element against an unpack and an FMNMX each;
+// value() unpacks the two lanes once. Other vectors: fmaxf per element. An empty max is -inf.
+template <typename T>
+__device__ __forceinline__ unsigned max_x2(unsigned a, unsigned b) {
+  unsigned d;
+  if constexpr (IsBf16<T>::value) {
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  } else {
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  }
+  return d;
+}
+
+template <typename T, int N>
+struct RunningMax {
+  static constexpr bool kPacked = sizeof(T) == 2 && N % 2 == 0;
+  unsigned w;  // packed: two 16-bit lanes
+  float f;     // otherwise
+
+  __device__ __forceinline__ RunningMax() {
+    if constexpr (kPacked) {
+      w = IsBf16<T>::value ? 0xFF80FF80u : 0xFC00FC00u;  // -inf in both lanes
+    } else {
+      f = -__int_as_float(0x7f800000);
+    }
+  }
+  __device__ __forceinline__ void add(const Vec<T, N>& r) {
+    if constexpr (kPacked) {
+#pragma unroll
+      for (int k = 0; k < N / 2; ++k) w = max_x2<T>(w, reinterpret_cast<const unsigned*>(r.v)[k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) f = fmaxf(f, to_float(r.v[j]));
+    }
+  }
+  __device__ __forceinline__ float value() const {
+    if constexpr (kPacked) {
+      T lo, hi;
+      lo.bits = (unsigned short)(w & 0xFFFFu);
+      hi.bits = (unsigned short)(w >> 16);
+      return fmaxf(to_float(lo), to_float(hi));
+    } else {
+      return f;
+    }
+  }
+};
 
 }  // namespace fk

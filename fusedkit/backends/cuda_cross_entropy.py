@@ -1,10 +1,13 @@
 """CUDA launches for the fused cross-entropy (kernels in cuda/cross_entropy.cu). Pointers in, no syncs.
 
-``fwd_config`` picks, per vocab size N, how a row lives on chip: one block's registers (``("rows", vec,
-items, warps, 1)``: 32 * warps threads x items vectors of vec elements; short rows pack 4 / warps rows
-per block), a thread-block cluster of C CTAs splitting the row (``("rows", vec, items, 16, C)``, sm_90+,
-launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond that,
-``("looped", vec)`` (two passes over global memory). Sequence of a call (all on the caller's stream):
+``fwd_config`` picks, per vocab size N, how a row lives on chip: on sm_90+, rows of at least
+STAGED_MIN_BYTES whose length and pointers allow 16-byte vectors are staged in shared memory by one bulk
+copy per CTA (``("staged", threads, C)``: C CTAs of a cluster split the row, at most STAGE_CHUNK_BYTES
+each, so several rows share an SM in different phases); otherwise one block's registers (``("rows",
+vec, items, warps, 1)``: 32 * warps threads x items vectors of vec elements; short rows pack 4 / warps
+rows per block), a thread-block cluster of C CTAs splitting the row in registers (``("rows", vec, items,
+16, C)``, sm_90+, launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond
+that, ``("looped", vec)`` (two passes over global memory). Sequence of a call (all on the caller's stream):
 ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
 fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
 order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
@@ -29,6 +32,15 @@ BWD_THREADS = 256
 # fwd_config applies elsewhere). Empty until the first GPU sweep of this kernel.
 TUNED: dict = {}
 
+# The staged kernel (ce_fwd_staged): rows of at least STAGED_MIN_BYTES, split over the fewest CTAs
+# (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk within STAGE_CHUNK_BYTES of shared memory
+# (three CTAs per SM at 64 KB). Sweep 2026-12-03 (sweep_cross_entropy.py, H200): the register kernels
+# and clusters reached at most 0.55-0.61 of copy, the two-pass looped kernel 0.60-0.65.
+STAGED_THREADS = 256
+STAGE_CHUNK_BYTES = 64 * 1024
+STAGED_MIN_BYTES = 32 * 1024
+STAGED_CLUSTERS = (1, 2, 4, 8, 16)
+
 
 def regs_per_item(vec: int, itemsize: int) -> int:
     """32-bit registers one vector of row data occupies (a 2-byte scalar still takes a register)."""
@@ -36,9 +48,10 @@ def regs_per_item(vec: int, itemsize: int) -> int:
 
 
 def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
-    """("rows", vec, items, warps, C) or ("looped", vec) for rows of N elements of ``itemsize`` bytes.
+    """("staged", threads, C), ("rows", vec, items, warps, C) or ("looped", vec) for rows of N elements
+    of ``itemsize`` bytes.
 
-    Rule: the fewest warps (1..16) with at most 8 registers of row data per thread, or 16 warps with at
+    Rule: with clusters (sm_90+) the staged kernel where staged_config allows it; else the fewest warps (1..16) with at most 8 registers of row data per thread, or 16 warps with at
     most 16 (ptxas then fits 1024 threads per SM at <= 64 registers); else, with clusters (sm_90+), the
     smallest cluster of 16-warp CTAs with at most 16 registers of data per thread, then 8 CTAs with up to
     32 (one 512-thread block per SM); without clusters one 16-warp block with up to 32; else looped.
@@ -46,8 +59,12 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
     vec = vec_width(N, itemsize, max_vec)
     if vec == vec_width(N, itemsize):
         t = TUNED.get((N, itemsize))
-        if t is not None and (cluster or t[0] != "rows" or t[4] == 1):
+        if t is not None and (cluster or (t[0] == "rows" and t[4] == 1) or t[0] == "looped"):
             return t
+    if cluster:
+        st = staged_config(N, itemsize, max_vec)
+        if st is not None:
+            return st
     rpi = regs_per_item(vec, itemsize)
     nv = N // vec
     for warps in (1, 2, 4, 8, 16):
@@ -68,11 +85,33 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
     return ("looped", vec)
 
 
+def staged_config(N: int, itemsize: int, max_vec: int = 16, threads: int = STAGED_THREADS,
+                  chunk_bytes: int = STAGE_CHUNK_BYTES):
+    """("staged", threads, C) when a row of N elements can be staged (16-byte vectors: N and the
+    pointers' alignment ``max_vec`` allow them; at least STAGED_MIN_BYTES), else None."""
+    vec = 16 // itemsize
+    row = N * itemsize
+    if N % vec or max_vec < vec or row < STAGED_MIN_BYTES:
+        return None
+    for c in STAGED_CLUSTERS:
+        if -(-(N // vec) // c) * 16 <= chunk_bytes:
+            return ("staged", threads, c)
+    return None
+
+
+def staged_smem(cfg, N: int, itemsize: int) -> int:
+    """Dynamic shared memory of a staged launch: one CTA's chunk of 16-byte vectors."""
+    c = cfg[2]
+    return -(-(N * itemsize // 16) // c) * 16
+
+
 def rows_per_block(warps: int) -> int:
     return 4 // warps if warps < 4 else 1
 
 
 def fwd_expr(cfg, dt: str) -> str:
+    if cfg[0] == "staged":
+        return f"fk::ce_fwd_staged<{CXX[dt]}, {cfg[1]}, {cfg[2]}>"
     if cfg[0] == "rows":
         _, vec, items, warps, c = cfg
         if c == 1:
@@ -104,14 +143,15 @@ _plans: dict = {}
 _logged: set = set()
 
 
-def _max_active_clusters(fn: Launcher, block, device: int) -> int:
+def _max_active_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int:
     import cupy
     with cupy.cuda.Device(device):
-        return fn.cluster.max_active_clusters(block)
+        return fn.cluster.max_active_clusters(block, smem)
 
 
 def _fwd_plan(N, dt, device, config, max_vec):
-    """(launcher, block, rows per block, cluster size) of the fused kernel; cached per shape/dtype."""
+    """(launcher, block, rows per block, cluster size, dynamic shared memory) of the fused kernel; cached
+    per shape/dtype."""
     key = (N, dt, device, config, max_vec)
     plan = _plans.get(key)
     if plan is not None:
@@ -119,7 +159,18 @@ def _fwd_plan(N, dt, device, config, max_vec):
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":
+    smem = 0
+    if cfg[0] == "staged":
+        c, rpb, block = cfg[2], 1, (cfg[1], 1)
+        smem = staged_smem(cfg, N, ITEMSIZE[dt])
+        if smem > 48 * 1024 and k.kernel.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
+            k.kernel.max_dynamic_shared_size_bytes = smem
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
+        if c > 1 and _max_active_clusters(fn, block, device, smem) < 1:
+            _env.debug(1, f"cross_entropy: {expr} cannot launch clusters of {c} here; using the register rule")
+            plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
+            return plan
+    elif cfg[0] == "rows":
         warps, c = cfg[3], cfg[4]
         rpb = rows_per_block(warps) if c == 1 else 1
         block = (32 * warps, rpb)
@@ -134,8 +185,8 @@ def _fwd_plan(N, dt, device, config, max_vec):
         fn = Launcher(k.kernel, FWD_CODES, device)
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
-        _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c}")
-    plan = _plans[key] = (fn, block, rpb, c)
+        _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c} smem={smem}")
+    plan = _plans[key] = (fn, block, rpb, c, smem)
     return plan
 
 
@@ -148,8 +199,8 @@ def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index,
         return
     s = ITEMSIZE[dt]
     max_vec = align_elems(((logits, s), (grad, s)))
-    fn, block, rpb, c = _fwd_plan(N, dt, device, config, max_vec)
-    fn(-(-M // rpb) * c, block, 0, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
+    fn, block, rpb, c, smem = _fwd_plan(N, dt, device, config, max_vec)
+    fn(-(-M // rpb) * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
        int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
 
 
@@ -200,7 +251,10 @@ def all_expressions():
         s = ITEMSIZE[dt]
         for N in Ns:
             for cluster in (True, False):
-                exprs.add(fwd_expr(fwd_config(N, s, cluster), dt))
+                for max_vec in (16, 1):  # aligned, and views off a 16-byte boundary
+                    exprs.add(fwd_expr(fwd_config(N, s, cluster, max_vec), dt))
+        for c in STAGED_CLUSTERS:  # every cluster size of the staged kernel (the tests force 1-8)
+            exprs.add(fwd_expr(("staged", STAGED_THREADS, c), dt))
         for vec in sorted({1, 16 // s}):
             exprs.add(fwd_expr(("looped", vec), dt))
             exprs.add(bwd_expr(dt, vec))
