@@ -307,91 +307,114 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Fused forward + gradient, row (or a cluster's chunk of it) staged in shared memory by one bulk copy
-// (sm_90+). Grid = M * CLUSTER 1-D blocks of THREADS threads; dynamic shared memory = the chunk (16-byte
-// vectors [v0, v0 + nloc), nloc <= ceil(N / VEC / CLUSTER)). Needs N % VEC == 0 and 16-byte aligned
-// logits and grad (the host checks). logits and grad may alias: a CTA writes only its own chunk, after
-// the chunk sits in shared memory; x_0 (global) is read before the CTA joins the cluster merge, which
-// every CTA (CTA 0 writes x_0's gradient) passes only after every CTA has arrived.
+// Fused forward + gradient, row (or a cluster's chunk of it) staged in shared memory by bulk copies
+// (sm_90+), persistent and double-buffered. Grid = G * CLUSTER 1-D blocks of THREADS threads (G clusters,
+// at most as many as are resident); cluster g takes rows g, g + G, ...; CTA `rank` of a cluster owns the
+// 16-byte vectors [v0, v0 + nloc) of each row (nloc <= chunk = ceil(N / VEC / CLUSTER)). Dynamic shared
+// memory = two chunks: while a CTA reduces and writes row k from one buffer, the bulk copy of row k + G
+// fills the other, so the load of the next row overlaps the reduction, the cluster barrier and the stores
+// of this one. A buffer is refilled only after the __syncthreads that ends the row read from it.
+// Needs N % VEC == 0 and 16-byte aligned logits and grad (the host checks). Ignored rows are neither
+// loaded nor waited for (producer and consumer both skip them; each buffer keeps its own phase bit).
+// logits and grad may alias: a CTA writes only its own chunk of the row it holds in shared memory; x_0
+// (global) is read before the CTA joins the row's cluster merge, which CTA 0 (x_0's writer) passes only
+// after every CTA has arrived. The merge slots alternate between rows: a CTA rewrites slot p (row k + 2)
+// only after the barrier of row k + 1, which every CTA reaches after reading the slots of row k.
 template <typename T, int THREADS, int CLUSTER>
 __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   constexpr int VEC = 16 / (int)sizeof(T);
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char ce_stage[];
-  __shared__ unsigned long long bar;
-  __shared__ float4 slot;
-  const V* stage = reinterpret_cast<const V*>(ce_stage);
-  const long long row = blockIdx.x / CLUSTER;
+  __shared__ unsigned long long bars[2];
+  __shared__ float4 slots[2];
+  const long long G = gridDim.x / CLUSTER;
+  const long long row0 = blockIdx.x / CLUSTER;
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), nloc = min(v0 + chunk, nvec) - v0;
-  const long long base = row * (long long)N;
-  const CeRow r = ce_row(target, t32, row, true, N, ignore_index, count, grad_scale);
-  const bool load = r.valid && nloc > 0;
-  const StageRing ring(&bar, 1);
+  const unsigned bytes = (unsigned)nloc * 16u;
+  const bool smooth = smoothing != 0.f;
+  const StageRing ring(bars, 2);
+  // the copy of row `row` into buffer b, if the row is read at all (thread 0)
+  auto fill = [&](long long row, int b) {
+    if (nloc > 0 && ce_row(target, t32, row, true, N, ignore_index, count, grad_scale).valid) {
+      ring.expect(b, bytes);
+      bulk_load(ce_stage + (size_t)b * chunk * 16, logits + row * (long long)N + (long long)v0 * VEC, bytes,
+                ring.bar(b));
+    }
+  };
   if (threadIdx.x == 0) {
     ring.init();
-    if (load) {
-      ring.expect(0, (unsigned)nloc * 16u);
-      bulk_load(ce_stage, logits + base + (long long)v0 * VEC, (unsigned)nloc * 16u, ring.bar(0));
-    }
+    if (row0 < M) fill(row0, 0);
   }
-  const bool smooth = smoothing != 0.f;
-  const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
-  __syncthreads();  // the barrier's init is visible
-  if (load) ring.wait(0, 0);
-
-  // pass 1: this thread's max (packed for 16-bit types); pass 2: its keyed sum (and the smoothing sum)
-  RunningMax<T, VEC> mx;
+  __syncthreads();  // the barriers' init is visible
+  unsigned phases = 0;  // bit b: parity of buffer b's next fill
+  int b = 0;
+  for (long long row = row0; row < M; row += G, b ^= 1) {
+    if (threadIdx.x == 0 && row + G < M) fill(row + G, b ^ 1);  // its last reader finished the previous row
+    const V* stage = reinterpret_cast<const V*>(ce_stage + (size_t)b * chunk * 16);
+    const long long base = row * (long long)N;
+    const CeRow r = ce_row(target, t32, row, true, N, ignore_index, count, grad_scale);
+    const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
+    if (r.valid && nloc > 0) {
+      ring.wait(b, (phases >> b) & 1u);
+      phases ^= 1u << b;
+    }
+    // pass 1: this thread's max (packed for 16-bit types); pass 2: its keyed sum (and the smoothing sum)
+    RunningMax<T, VEC> mx;
+    if (r.valid) {
 #pragma unroll 4
-  for (int v = threadIdx.x; v < nloc && r.valid; v += THREADS) mx.add(stage[v]);
-  const float m = mx.value();
-  const float key = lse_key(m);
-  float s = 0.f, a = 0.f;
-  if (r.valid) {
-    if (smooth) {
+      for (int v = threadIdx.x; v < nloc; v += THREADS) mx.add(stage[v]);
+    }
+    const float m = mx.value();
+    const float key = lse_key(m);
+    float s = 0.f, a = 0.f;
+    if (r.valid) {
+      if (smooth) {
 #pragma unroll 2
-      for (int v = threadIdx.x; v < nloc; v += THREADS) {
-        const V x = stage[v];
+        for (int v = threadIdx.x; v < nloc; v += THREADS) {
+          const V x = stage[v];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float f = vec_elem(x, j);
-          s += exp_keyed(f, key);
-          a += f - x0;
+          for (int j = 0; j < VEC; ++j) {
+            const float f = vec_elem(x, j);
+            s += exp_keyed(f, key);
+            a += f - x0;
+          }
+        }
+      } else {
+#pragma unroll 4
+        for (int v = threadIdx.x; v < nloc; v += THREADS) {
+          const V x = stage[v];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) s += exp_keyed(vec_elem(x, j), key);
         }
       }
-    } else {
+    }
+    // the target logit, from this chunk's copy (the CTA that holds it)
+    const long long tl = r.t - (long long)v0 * VEC;
+    const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
+    const float xt = owner ? to_float(reinterpret_cast<const T*>(stage)[tl]) : 0.f;
+    LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f});
+    if constexpr (CLUSTER > 1) st = cluster_merge<CLUSTER>(st, &slots[b]);
+    if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
+    if (grad != nullptr) {
+      T* g = grad + base + (long long)v0 * VEC;
+      if (r.valid) {
+        const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
 #pragma unroll 4
-      for (int v = threadIdx.x; v < nloc; v += THREADS) {
-        const V x = stage[v];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s += exp_keyed(vec_elem(x, j), key);
+        for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_grad<T, VEC>(g + (long long)v * VEC, stage[v], gp);
+        if (owner && (int)(tl / VEC) % THREADS == (int)threadIdx.x) ce_fix_target(g + tl, xt, gp);
+      } else {
+#pragma unroll 4
+        for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_zero<T, VEC>(g + (long long)v * VEC);
       }
     }
+    __syncthreads();  // buffer b is read: the next iteration may refill it
   }
-  // the target logit, from this chunk's copy (the CTA that holds it)
-  const long long tl = r.t - (long long)v0 * VEC;
-  const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
-  const float xt = owner ? to_float(reinterpret_cast<const T*>(ce_stage)[tl]) : 0.f;
-  LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f});
-  if constexpr (CLUSTER > 1) {
-    st = cluster_merge<CLUSTER>(st, &slot);
-    cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still read its slots
+    cluster_arrive();
+    cluster_wait();
   }
-  if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
-  if (grad != nullptr) {
-    T* g = grad + base + (long long)v0 * VEC;
-    if (r.valid) {
-      const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
-#pragma unroll 4
-      for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_grad<T, VEC>(g + (long long)v * VEC, stage[v], gp);
-      if (owner && (int)(tl / VEC) % THREADS == (int)threadIdx.x) ce_fix_target(g + tl, xt, gp);
-    } else {
-#pragma unroll 4
-      for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_zero<T, VEC>(g + (long long)v * VEC);
-    }
-  }
-  if constexpr (CLUSTER > 1) cluster_wait();  // every CTA has read this CTA's slot
 }
 
 // Rows too long for registers: one row per block, an online (m, s) pass, then a second pass that

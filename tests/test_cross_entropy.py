@@ -447,11 +447,13 @@ def test_register_kernels(registers_only, dtype, N):
 @pytest.fixture(params=[1, 2, 4, 8], ids=lambda c: f"cluster{c}")
 def staged_cluster(request, monkeypatch):
     """Routes every vocab size whose rows allow 16-byte vectors to the staged kernel with a cluster of
-    the given size (however short the row: CTAs past the row's end get an empty chunk)."""
+    the given size (however short the row: CTAs past the row's end get an empty chunk). Where two
+    chunks do not fit in one SM's shared memory (fp32 rows on one CTA) the register rule runs instead."""
     from fusedkit.backends import cuda_cross_entropy as ce
     monkeypatch.setattr(ce, "STAGED_MIN_BYTES", 0)
     monkeypatch.setattr(ce, "STAGED_CLUSTERS", (request.param,))
     monkeypatch.setattr(ce, "STAGE_CHUNK_BYTES", 1 << 30)
+    monkeypatch.setattr(ce, "STAGED_MAX_GROUPS", 3)
     monkeypatch.setattr(ce, "_plans", {})
     return request.param
 
@@ -462,13 +464,14 @@ def staged_cluster(request, monkeypatch):
 def test_staged_kernel(staged_cluster, dtype, N):
     """The staged kernel at every cluster size: uneven chunks (50264 = 8 x 6283 vectors), CTAs with no
     vectors (N = 8), ignored rows, smoothing and z-loss, loss only, in place, and the target in every
-    chunk."""
+    chunk; a grid of 3 clusters for 7 rows, so each cluster walks rows through both buffers (an ignored
+    row in between: no copy, no wait)."""
     torch = pytest.importorskip("torch")
     from fusedkit.backends import cuda_cross_entropy as ce
-    M = 6
+    M = 7
     x, t, X, T = _inputs("torch", dtype, (M, N), ("staged", staged_cluster, dtype, N))
     assert ce.fwd_config(N, x.itemsize)[0] == "staged"
-    t[1:] = np.linspace(0, N - 1, M - 1).astype(np.int64)  # targets in the first to the last chunk
+    t[1:6] = np.linspace(0, N - 1, 5).astype(np.int64)  # targets in the first to the last chunk
     t[2] = IGNORE
     T = to_backend(t, "torch")
     loss, lse, grad = fk.cross_entropy(X, T, label_smoothing=0.1, z_loss=1e-3, reduction="none", return_lse=True,
@@ -553,11 +556,12 @@ def test_configs():
     within the register budget of its launch bounds; every config of a registered vocab is compiled by
     the compile-all check."""
     from fusedkit.backends import cuda_cross_entropy as ce
-    assert ce.fwd_config(32768, 2) == ("staged", 256, 1)
-    assert ce.fwd_config(131072, 2) == ("staged", 256, 4)
-    assert ce.fwd_config(262144, 2) == ("staged", 256, 8)
-    assert ce.fwd_config(262144, 4) == ("staged", 256, 16)
-    assert ce.staged_smem(ce.fwd_config(50264, 2), 50264, 2) == 3142 * 16  # two CTAs, 6283 vectors
+    assert ce.fwd_config(32768, 2) == ("staged", 256, 2)
+    assert ce.fwd_config(131072, 2) == ("staged", 256, 8)
+    assert ce.fwd_config(262144, 2) == ("staged", 256, 16)
+    assert ce.fwd_config(131072, 4) == ("staged", 256, 16)
+    assert ce.fwd_config(262144, 4)[0] == "looped"  # 1 MB rows: more than 16 CTAs of 32 KB
+    assert ce.staged_chunk_bytes(("staged", 256, 4), 50264, 2) == 1571 * 16  # 6283 vectors over 4 CTAs
     assert ce.fwd_config(32768, 2, max_vec=4) == ("rows", 4, 8, 16, 2)  # a view off 16 bytes: registers
     assert ce.fwd_config(50257, 2)[0] == "rows"  # rows not made of 16-byte vectors: registers
     assert ce.fwd_config(8192, 2) == ("rows", 8, 2, 16, 1)  # below STAGED_MIN_BYTES
@@ -574,7 +578,7 @@ def test_configs():
                     assert -(-(N // vec) // c) <= items * 32 * warps, (N, s, cfg)
                     assert c == 1 or (cluster and warps == 16)
                 elif cfg[0] == "staged":
-                    assert cluster and N % (16 // s) == 0 and ce.staged_smem(cfg, N, s) <= ce.STAGE_CHUNK_BYTES
+                    assert cluster and N % (16 // s) == 0 and ce.staged_chunk_bytes(cfg, N, s) <= ce.STAGE_CHUNK_BYTES
     for N in (1, 7, 781, 32768, 131072, 262144):
         for s, dt in ((2, "bfloat16"), (4, "float32")):
             for max_vec in (16, 1):

@@ -86,13 +86,14 @@ for (M, N) in ((3, 32768), (2, 131072), (2, 262144)):
 ce.STAGED_MIN_BYTES = staged_min
 # the staged kernel at every cluster size, down to CTAs with an empty chunk (N = 8 over 8 CTAs)
 saved = (ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES)
-ce.STAGED_MIN_BYTES, ce.STAGE_CHUNK_BYTES = 0, 1 << 30
+ce.STAGED_MIN_BYTES, ce.STAGE_CHUNK_BYTES, ce.STAGED_MAX_GROUPS = 0, 1 << 30, 2  # clusters walk rows
 for c in (1, 2, 4, 8):
     ce.STAGED_CLUSTERS = (c,)
     ce._plans.clear()
     for (M, N) in ((5, 8), (3, 50264)):
         run(M, N, "float16", inplace=(c % 4 == 0))
 ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES = saved
+ce.STAGED_MAX_GROUPS = None
 ce._plans.clear()
 # an out-of-range target: NaN loss, zero gradient row, no fault
 X = cupy.asarray(rng.standard_normal((2, 32768)).astype(np.float16))

@@ -51,3 +51,23 @@ def launcher(file: str, expr: str, codes: str, device: int) -> Launcher:
     if fn is None:
         fn = _launchers[key] = Launcher(_jit.get_kernel(file, expr, device).kernel, codes, device)
     return fn
+
+
+_occ: dict = {}
+
+
+def blocks_per_sm(kernel, expr, device, threads, smem) -> int:
+    """Resident blocks per SM of ``kernel`` (a RawKernel from _jit.get_kernel) with ``threads`` threads
+    and ``smem`` bytes of dynamic shared memory; opts the kernel in to more than 48 KB where needed."""
+    key = (device, expr, threads, smem)
+    n = _occ.get(key)
+    if n is None:
+        import cupy
+        if smem > 32 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
+            kernel.max_dynamic_shared_size_bytes = smem
+        n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
+        if n < 1:
+            raise RuntimeError(f"fusedkit: {expr} cannot launch {threads} threads with {smem} B of "
+                               f"shared memory on device {device}")
+        _occ[key] = n
+    return n

@@ -19,7 +19,7 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import Launcher, stream_ptr
-from ._common import align_elems, grid_stride_blocks, launcher, vec_width
+from ._common import align_elems, blocks_per_sm, grid_stride_blocks, launcher, sm_count, vec_width
 
 FILE = "cross_entropy.cu"
 CLUSTERS = (2, 4, 8)     # portable cluster sizes tried, smallest first
@@ -32,14 +32,18 @@ BWD_THREADS = 256
 # fwd_config applies elsewhere). Empty until the first GPU sweep of this kernel.
 TUNED: dict = {}
 
-# The staged kernel (ce_fwd_staged): rows of at least STAGED_MIN_BYTES, split over the fewest CTAs
-# (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk within STAGE_CHUNK_BYTES of shared memory
-# (three CTAs per SM at 64 KB). Sweep 2026-12-03 (sweep_cross_entropy.py, H200): the register kernels
-# and clusters reached at most 0.55-0.61 of copy, the two-pass looped kernel 0.60-0.65.
+# The staged kernel (ce_fwd_staged, persistent, two chunk buffers per CTA): rows of at least
+# STAGED_MIN_BYTES, split over the fewest CTAs (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk
+# within STAGE_CHUNK_BYTES. Sweeps on the H200 (tools/sweep_cross_entropy.py, bf16, loss + gradient):
+# before the staged kernel the register kernels and clusters reached 0.40-0.61 of copy and the two-pass
+# looped kernel 0.60-0.65 (12:00Z); a one-row-per-cluster staged kernel with 32 KB chunks 0.79 / 0.74 /
+# 0.69 at N = 32768 / 131072 / 262144 (clusters of 2 / 8 / 16), the register kernel with keyed sums
+# and 16-byte stores 0.81 at 32768 (12:09Z).
 STAGED_THREADS = 256
-STAGE_CHUNK_BYTES = 64 * 1024
+STAGE_CHUNK_BYTES = 32 * 1024
 STAGED_MIN_BYTES = 32 * 1024
 STAGED_CLUSTERS = (1, 2, 4, 8, 16)
+STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluster walks many rows
 
 
 def regs_per_item(vec: int, itemsize: int) -> int:
@@ -85,10 +89,10 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
     return ("looped", vec)
 
 
-def staged_config(N: int, itemsize: int, max_vec: int = 16, threads: int = STAGED_THREADS,
-                  chunk_bytes: int = STAGE_CHUNK_BYTES):
-    """("staged", threads, C) when a row of N elements can be staged (16-byte vectors: N and the
+def staged_config(N: int, itemsize: int, max_vec: int = 16):
+    """("staged", STAGED_THREADS, C) when a row of N elements can be staged (16-byte vectors: N and the
     pointers' alignment ``max_vec`` allow them; at least STAGED_MIN_BYTES), else None."""
+    threads, chunk_bytes = STAGED_THREADS, STAGE_CHUNK_BYTES
     vec = 16 // itemsize
     row = N * itemsize
     if N % vec or max_vec < vec or row < STAGED_MIN_BYTES:
@@ -99,8 +103,9 @@ def staged_config(N: int, itemsize: int, max_vec: int = 16, threads: int = STAGE
     return None
 
 
-def staged_smem(cfg, N: int, itemsize: int) -> int:
-    """Dynamic shared memory of a staged launch: one CTA's chunk of 16-byte vectors."""
+def staged_chunk_bytes(cfg, N: int, itemsize: int) -> int:
+    """Bytes of a row one CTA of a staged launch holds (its chunk of 16-byte vectors); the kernel's
+    dynamic shared memory is two of them (double buffering)."""
     c = cfg[2]
     return -(-(N * itemsize // 16) // c) * 16
 
@@ -150,8 +155,8 @@ def _max_active_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int
 
 
 def _fwd_plan(N, dt, device, config, max_vec):
-    """(launcher, block, rows per block, cluster size, dynamic shared memory) of the fused kernel; cached
-    per shape/dtype."""
+    """(launcher, block, rows per block, cluster size, dynamic shared memory, most resident clusters (the
+    persistent staged kernel's grid; None for the others)) of the fused kernel; cached per shape/dtype."""
     key = (N, dt, device, config, max_vec)
     plan = _plans.get(key)
     if plan is not None:
@@ -159,15 +164,18 @@ def _fwd_plan(N, dt, device, config, max_vec):
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
-    smem = 0
+    smem, groups = 0, None
     if cfg[0] == "staged":
         c, rpb, block = cfg[2], 1, (cfg[1], 1)
-        smem = staged_smem(cfg, N, ITEMSIZE[dt])
-        if smem > 48 * 1024 and k.kernel.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
-            k.kernel.max_dynamic_shared_size_bytes = smem
+        smem = 2 * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
+        try:
+            per_sm = blocks_per_sm(k, expr, device, cfg[1], smem)  # also opts in past 48 KB
+        except RuntimeError:
+            per_sm = 0
         fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
-        if c > 1 and _max_active_clusters(fn, block, device, smem) < 1:
-            _env.debug(1, f"cross_entropy: {expr} cannot launch clusters of {c} here; using the register rule")
+        groups = _max_active_clusters(fn, block, device, smem) if (c > 1 and per_sm) else per_sm * sm_count(device)
+        if groups < 1:
+            _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the register rule")
             plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
             return plan
     elif cfg[0] == "rows":
@@ -186,7 +194,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
         _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c} smem={smem}")
-    plan = _plans[key] = (fn, block, rpb, c, smem)
+    plan = _plans[key] = (fn, block, rpb, c, smem, groups)
     return plan
 
 
@@ -199,8 +207,9 @@ def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index,
         return
     s = ITEMSIZE[dt]
     max_vec = align_elems(((logits, s), (grad, s)))
-    fn, block, rpb, c, smem = _fwd_plan(N, dt, device, config, max_vec)
-    fn(-(-M // rpb) * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
+    fn, block, rpb, c, smem, groups = _fwd_plan(N, dt, device, config, max_vec)
+    rows = -(-M // rpb) if groups is None else min(M, groups, STAGED_MAX_GROUPS or M)
+    fn(rows * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
        int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
 
 

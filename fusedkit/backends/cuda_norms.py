@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from .. import _env, _jit
 from .._launch import Launcher, stream_ptr
-from ._common import align_elems, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
+from ._common import align_elems, blocks_per_sm, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
 from .cuda_fp8 import FMT_CXX
 
@@ -156,24 +156,6 @@ def colsum_expr(w_dt) -> str:
     return f"fk::column_sum<{CXX[w_dt]}>"
 
 
-_occ: dict = {}
-
-
-def _blocks_per_sm(kernel, expr, device, threads, smem) -> int:
-    key = (device, expr, smem)
-    n = _occ.get(key)
-    if n is None:
-        import cupy
-        if smem > 32 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:  # opt in past 48 KB
-            kernel.max_dynamic_shared_size_bytes = smem
-        n = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
-        if n < 1:
-            raise RuntimeError(f"fusedkit: {expr} cannot launch {threads} threads with {smem} B of "
-                               f"shared memory on device {device}")
-        _occ[key] = n
-    return n
-
-
 _logged: set = set()
 
 
@@ -232,7 +214,7 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
     if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
-        fit = sm_count(device) * _blocks_per_sm(k, expr, device, block[0] * block[1], 0)
+        fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], 0)
         grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))"
     else:  # norm_fwd_looped_fp8: one block per row
         rpb, block, fit, grid = 1, (1024, 1), None, "max(1, rows)"
@@ -300,7 +282,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16):
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
-    fit = sm_count(device) * _blocks_per_sm(k, expr, device, threads, smem)
+    fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
     colsum = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel, "pqip", device)
     _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
