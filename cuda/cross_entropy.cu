@@ -308,20 +308,24 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
 
 // ---------------------------------------------------------------------------------------------------
 // Fused forward + gradient, row (or a cluster's chunk of it) staged in shared memory by bulk copies
-// (sm_90+), persistent and double-buffered. Grid = G * CLUSTER 1-D blocks of THREADS threads (G clusters,
-// at most as many as are resident); cluster g takes rows g, g + G, ...; CTA `rank` of a cluster owns the
-// 16-byte vectors [v0, v0 + nloc) of each row (nloc <= chunk = ceil(N / VEC / CLUSTER)). Dynamic shared
-// memory = two chunks: while a CTA reduces and writes row k from one buffer, the bulk copy of row k + G
-// fills the other, so the load of the next row overlaps the reduction, the cluster barrier and the stores
-// of this one. A buffer is refilled only after the __syncthreads that ends the row read from it.
+// (sm_90+). Grid = G * CLUSTER 1-D blocks of THREADS threads; cluster g takes rows g, g + G, ...; CTA
+// `rank` of a cluster owns the 16-byte vectors [v0, v0 + nloc) of each row (nloc <= chunk =
+// ceil(N / VEC / CLUSTER)). Dynamic shared memory = BUFFERS chunks.
+//   BUFFERS = 1 (G = M as launched: one row per cluster): many small CTAs per SM, in different phases,
+//     keep the loads in flight.
+//   BUFFERS = 2 (persistent, G = the resident clusters): while a CTA reduces and writes row k from one
+//     buffer, the bulk copy of row k + G fills the other. Measured slower (sweep 12:16Z: 0.61 against
+//     0.74 at 131072): half as many CTAs fit, and one prefetch per CTA puts fewer bytes in flight.
+// A buffer is refilled only after the __syncthreads that ends the row read from it.
 // Needs N % VEC == 0 and 16-byte aligned logits and grad (the host checks). Ignored rows are neither
 // loaded nor waited for (producer and consumer both skip them; each buffer keeps its own phase bit).
 // logits and grad may alias: a CTA writes only its own chunk of the row it holds in shared memory; x_0
 // (global) is read before the CTA joins the row's cluster merge, which CTA 0 (x_0's writer) passes only
 // after every CTA has arrived. The merge slots alternate between rows: a CTA rewrites slot p (row k + 2)
 // only after the barrier of row k + 1, which every CTA reaches after reading the slots of row k.
-template <typename T, int THREADS, int CLUSTER>
+template <typename T, int THREADS, int CLUSTER, int BUFFERS>
 __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
+  static_assert(BUFFERS == 1 || BUFFERS == 2, "one or two row buffers");
   constexpr int VEC = 16 / (int)sizeof(T);
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char ce_stage[];
@@ -334,7 +338,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   const int v0 = min(rank * chunk, nvec), nloc = min(v0 + chunk, nvec) - v0;
   const unsigned bytes = (unsigned)nloc * 16u;
   const bool smooth = smoothing != 0.f;
-  const StageRing ring(bars, 2);
+  const StageRing ring(bars, BUFFERS);
   // the copy of row `row` into buffer b, if the row is read at all (thread 0)
   auto fill = [&](long long row, int b) {
     if (nloc > 0 && ce_row(target, t32, row, true, N, ignore_index, count, grad_scale).valid) {
@@ -350,8 +354,9 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   __syncthreads();  // the barriers' init is visible
   unsigned phases = 0;  // bit b: parity of buffer b's next fill
   int b = 0;
-  for (long long row = row0; row < M; row += G, b ^= 1) {
-    if (threadIdx.x == 0 && row + G < M) fill(row + G, b ^ 1);  // its last reader finished the previous row
+  for (long long row = row0; row < M; row += G, b = (b + 1) % BUFFERS) {
+    // the other buffer's last reader finished the previous row
+    if (BUFFERS == 2 && threadIdx.x == 0 && row + G < M) fill(row + G, b ^ 1);
     const V* stage = reinterpret_cast<const V*>(ce_stage + (size_t)b * chunk * 16);
     const long long base = row * (long long)N;
     const CeRow r = ce_row(target, t32, row, true, N, ignore_index, count, grad_scale);
@@ -395,7 +400,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
     const float xt = owner ? to_float(reinterpret_cast<const T*>(stage)[tl]) : 0.f;
     LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f});
-    if constexpr (CLUSTER > 1) st = cluster_merge<CLUSTER>(st, &slots[b]);
+    if constexpr (CLUSTER > 1) st = cluster_merge<CLUSTER>(st, &slots[(row / G) & 1]);
     if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
     if (grad != nullptr) {
       T* g = grad + base + (long long)v0 * VEC;
@@ -409,7 +414,8 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
         for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_zero<T, VEC>(g + (long long)v * VEC);
       }
     }
-    __syncthreads();  // buffer b is read: the next iteration may refill it
+    __syncthreads();  // buffer b is read: it may be refilled
+    if (BUFFERS == 1 && threadIdx.x == 0 && row + G < M) fill(row + G, 0);
   }
   if constexpr (CLUSTER > 1) {  // no CTA exits while another may still read its slots
     cluster_arrive();

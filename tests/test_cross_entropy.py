@@ -444,14 +444,15 @@ def test_register_kernels(registers_only, dtype, N):
     assert_grad(grad, g64, scale, dtype, "register-kernel grad")
 
 
-@pytest.fixture(params=[1, 2, 4, 8], ids=lambda c: f"cluster{c}")
+@pytest.fixture(params=[(c, b) for b in (1, 2) for c in (1, 2, 4, 8)], ids=lambda p: f"cluster{p[0]}_buffers{p[1]}")
 def staged_cluster(request, monkeypatch):
     """Routes every vocab size whose rows allow 16-byte vectors to the staged kernel with a cluster of
-    the given size (however short the row: CTAs past the row's end get an empty chunk). Where two
+    the given size and one or two row buffers (however short the row: CTAs past the row's end get an empty chunk). Where two
     chunks do not fit in one SM's shared memory (fp32 rows on one CTA) the register rule runs instead."""
     from fusedkit.backends import cuda_cross_entropy as ce
     monkeypatch.setattr(ce, "STAGED_MIN_BYTES", 0)
-    monkeypatch.setattr(ce, "STAGED_CLUSTERS", (request.param,))
+    monkeypatch.setattr(ce, "STAGED_CLUSTERS", (request.param[0],))
+    monkeypatch.setattr(ce, "STAGED_BUFFERS", request.param[1])
     monkeypatch.setattr(ce, "STAGE_CHUNK_BYTES", 1 << 30)
     monkeypatch.setattr(ce, "STAGED_MAX_GROUPS", 3)
     monkeypatch.setattr(ce, "_plans", {})
@@ -556,12 +557,12 @@ def test_configs():
     within the register budget of its launch bounds; every config of a registered vocab is compiled by
     the compile-all check."""
     from fusedkit.backends import cuda_cross_entropy as ce
-    assert ce.fwd_config(32768, 2) == ("staged", 256, 2)
-    assert ce.fwd_config(131072, 2) == ("staged", 256, 8)
-    assert ce.fwd_config(262144, 2) == ("staged", 256, 16)
-    assert ce.fwd_config(131072, 4) == ("staged", 256, 16)
+    assert ce.fwd_config(32768, 2) == ("staged", 256, 2, 1)
+    assert ce.fwd_config(131072, 2) == ("staged", 256, 8, 1)
+    assert ce.fwd_config(262144, 2) == ("staged", 256, 16, 1)
+    assert ce.fwd_config(131072, 4) == ("staged", 256, 16, 1)
     assert ce.fwd_config(262144, 4)[0] == "looped"  # 1 MB rows: more than 16 CTAs of 32 KB
-    assert ce.staged_chunk_bytes(("staged", 256, 4), 50264, 2) == 1571 * 16  # 6283 vectors over 4 CTAs
+    assert ce.staged_chunk_bytes(("staged", 256, 4, 1), 50264, 2) == 1571 * 16  # 6283 vectors over 4 CTAs
     assert ce.fwd_config(32768, 2, max_vec=4) == ("rows", 4, 8, 16, 2)  # a view off 16 bytes: registers
     assert ce.fwd_config(50257, 2)[0] == "rows"  # rows not made of 16-byte vectors: registers
     assert ce.fwd_config(8192, 2) == ("rows", 8, 2, 16, 1)  # below STAGED_MIN_BYTES

@@ -88,10 +88,12 @@ ce.STAGED_MIN_BYTES = staged_min
 saved = (ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES)
 ce.STAGED_MIN_BYTES, ce.STAGE_CHUNK_BYTES, ce.STAGED_MAX_GROUPS = 0, 1 << 30, 2  # clusters walk rows
 for c in (1, 2, 4, 8):
-    ce.STAGED_CLUSTERS = (c,)
-    ce._plans.clear()
-    for (M, N) in ((5, 8), (3, 50264)):
-        run(M, N, "float16", inplace=(c % 4 == 0))
+    for ce.STAGED_BUFFERS in (1, 2):
+        ce.STAGED_CLUSTERS = (c,)
+        ce._plans.clear()
+        for (M, N) in ((5, 8), (3, 50264)):
+            run(M, N, "float16", inplace=(c % 4 == 0))
+ce.STAGED_BUFFERS = 1
 ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES = saved
 ce.STAGED_MAX_GROUPS = None
 ce._plans.clear()

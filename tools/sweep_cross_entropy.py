@@ -36,8 +36,9 @@ def candidates(N):
                 out.append(("rows", vec, items, warps, c))
     for threads in (256, 512):
         for c in (1, 2, 4, 8, 16):
-            if 2 * -(-nv // c) * 16 <= 200 * 1024 and -(-nv // c) >= threads:  # two chunks per CTA
-                out.append(("staged", threads, c))
+            for buffers in (1, 2):
+                if buffers * -(-nv // c) * 16 <= 200 * 1024 and -(-nv // c) >= threads:
+                    out.append(("staged", threads, c, buffers))
     return out + [("looped", vec)]
 
 

@@ -50,7 +50,11 @@ __device__ __forceinline__ float exp_shifted(float v, float m) { return exp2_non
 // and the keys cancel in every ratio (a probability p_j = 2^(fma(x_j, log2 e, -K(m))) / s). Where the
 // absolute value matters (lse = m + ln s_m, s_m the sum relative to m itself): log2 s_m = log2 s -
 // fma(m, log2 e, -K(m)), the key's rounding residual (below 2^-11 for |m| < 1e4), computed exactly.
-__device__ __forceinline__ float lse_key(float m) { return m == -__int_as_float(0x7f800000) ? 0.f : m * kLog2e; }
+// __fmul_rn: never contracted into an FMA with a later subtraction (K(a) - K(b) must be the difference of
+// the two rounded keys; contracted, the merge was off by a key's rounding, 3e-4 relative at |m| ~ 1e4).
+__device__ __forceinline__ float lse_key(float m) {
+  return m == -__int_as_float(0x7f800000) ? 0.f : __fmul_rn(m, kLog2e);
+}
 __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
 // s relative to K(from), re-expressed relative to K(to) for to >= from (a sum with from = -inf is 0).
 __device__ __forceinline__ float rescale_keyed(float s, float from, float to) {

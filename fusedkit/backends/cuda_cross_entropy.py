@@ -40,6 +40,7 @@ TUNED: dict = {}
 # 0.69 at N = 32768 / 131072 / 262144 (clusters of 2 / 8 / 16), the register kernel with keyed sums
 # and 16-byte stores 0.81 at 32768 (12:09Z).
 STAGED_THREADS = 256
+STAGED_BUFFERS = 1  # 2: persistent and double-buffered (slower, see cuda/cross_entropy.cu)
 STAGE_CHUNK_BYTES = 32 * 1024
 STAGED_MIN_BYTES = 32 * 1024
 STAGED_CLUSTERS = (1, 2, 4, 8, 16)
@@ -90,7 +91,7 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
 
 
 def staged_config(N: int, itemsize: int, max_vec: int = 16):
-    """("staged", STAGED_THREADS, C) when a row of N elements can be staged (16-byte vectors: N and the
+    """("staged", STAGED_THREADS, C, STAGED_BUFFERS) when a row of N elements can be staged (16-byte vectors: N and the
     pointers' alignment ``max_vec`` allow them; at least STAGED_MIN_BYTES), else None."""
     threads, chunk_bytes = STAGED_THREADS, STAGE_CHUNK_BYTES
     vec = 16 // itemsize
@@ -99,13 +100,13 @@ def staged_config(N: int, itemsize: int, max_vec: int = 16):
         return None
     for c in STAGED_CLUSTERS:
         if -(-(N // vec) // c) * 16 <= chunk_bytes:
-            return ("staged", threads, c)
+            return ("staged", threads, c, STAGED_BUFFERS)
     return None
 
 
 def staged_chunk_bytes(cfg, N: int, itemsize: int) -> int:
     """Bytes of a row one CTA of a staged launch holds (its chunk of 16-byte vectors); the kernel's
-    dynamic shared memory is two of them (double buffering)."""
+    dynamic shared memory is cfg[3] (buffers) of them."""
     c = cfg[2]
     return -(-(N * itemsize // 16) // c) * 16
 
@@ -116,7 +117,7 @@ def rows_per_block(warps: int) -> int:
 
 def fwd_expr(cfg, dt: str) -> str:
     if cfg[0] == "staged":
-        return f"fk::ce_fwd_staged<{CXX[dt]}, {cfg[1]}, {cfg[2]}>"
+        return f"fk::ce_fwd_staged<{CXX[dt]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
     if cfg[0] == "rows":
         _, vec, items, warps, c = cfg
         if c == 1:
@@ -167,7 +168,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     smem, groups = 0, None
     if cfg[0] == "staged":
         c, rpb, block = cfg[2], 1, (cfg[1], 1)
-        smem = 2 * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
+        smem = cfg[3] * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
         try:
             per_sm = blocks_per_sm(k, expr, device, cfg[1], smem)  # also opts in past 48 KB
         except RuntimeError:
@@ -194,6 +195,8 @@ def _fwd_plan(N, dt, device, config, max_vec):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
         _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c} smem={smem}")
+    if cfg[0] == "staged" and cfg[3] == 1:
+        groups = 1 << 62  # one row per cluster (the tests cap it through STAGED_MAX_GROUPS)
     plan = _plans[key] = (fn, block, rpb, c, smem, groups)
     return plan
 
@@ -263,7 +266,8 @@ def all_expressions():
                 for max_vec in (16, 1):  # aligned, and views off a 16-byte boundary
                     exprs.add(fwd_expr(fwd_config(N, s, cluster, max_vec), dt))
         for c in STAGED_CLUSTERS:  # every cluster size of the staged kernel (the tests force 1-8)
-            exprs.add(fwd_expr(("staged", STAGED_THREADS, c), dt))
+            for buffers in (1, 2):
+                exprs.add(fwd_expr(("staged", STAGED_THREADS, c, buffers), dt))
         for vec in sorted({1, 16 // s}):
             exprs.add(fwd_expr(("looped", vec), dt))
             exprs.add(bwd_expr(dt, vec))
