@@ -275,6 +275,9 @@ def _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
     cuda_norms.backward(DY.ptr, X.ptr, W.ptr if W else 0, MU.ptr if MU else 0, S.ptr, dxp, dwp or 0,
                         dbp or 0, M, N, x_dt, w_dt, int(zero_centered_gamma), rms, X.device,
                         _interop.stream(kind, X.device), alloc_f32)
+    if M > 0 and kind in (CUPY, TORCH):
+        _callcache.remember_norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms, kind, X.device,
+                                          M, N, x_dt, w_dt)
     return (dx, dw) if rms else (dx, dw, db)
 
 
@@ -326,9 +329,15 @@ def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False)
     ``x`` is the forward's input (``h`` when a residual was added); ``mean``/``rstd`` are the
     statistics the forward returned with ``return_stats=True``.
     """
+    out = _callcache.norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, False)  # host fast path
+    if out is not None:
+        return out
     return _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms=False)
 
 
 def rms_norm_backward(dy, x, weight, rstd, *, zero_centered_gamma=False):
     """Gradients of rms_norm: ``(dx, dweight)``; ``dweight`` is None when weight is None."""
+    out = _callcache.norm_backward(dy, x, weight, None, rstd, zero_centered_gamma, True)  # host fast path
+    if out is not None:
+        return out
     return _norm_backward(dy, x, weight, None, rstd, zero_centered_gamma, rms=True)

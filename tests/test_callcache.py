@@ -68,3 +68,45 @@ def test_cached_signature_still_rejects_and_handles_odd_views(backend):
     y = fk.rms_norm(Xoff, W)
     y64, _, _ = ref64_forward(x, w, None, 1e-6, True)
     assert_close(y, y64, "float32", "misaligned y")
+
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no_weight"])
+def test_repeat_backward_calls_match_the_full_path(backend, dtype, rms, weight):
+    """The backward's cached plan (kernel + column sums into fresh buffers) gives the same bits as the
+    full path on fresh data, call after call; dx also against the float64 reference."""
+    skip_unsupported(backend, dtype)
+    from test_norms import ref64_backward
+    shape, eps = (300, 1024), 1e-5
+    for i in range(3):
+        rng = _rng("bwd", backend, dtype, rms, weight, i)
+        x = rand(rng, shape, dtype, loc=-2.3, scale=0.5)
+        dy = rand(rng, shape, dtype)
+        w = rand(rng, (shape[-1],), dtype, loc=1.0, scale=0.3) if weight else None
+        X, DY = to_backend(x, backend), to_backend(dy, backend)
+        W = to_backend(w, backend) if weight else None
+        if rms:
+            _, rstd = fk.rms_norm(X, W, eps=eps, return_stats=True)
+            cached = fk.rms_norm_backward(DY, X, W, rstd)
+            _callcache.clear()
+            full = fk.rms_norm_backward(DY, X, W, rstd)
+        else:
+            _, mean, rstd = fk.layer_norm(X, W, None, eps=eps, return_stats=True)
+            cached = fk.layer_norm_backward(DY, X, W, mean, rstd)
+            _callcache.clear()
+            full = fk.layer_norm_backward(DY, X, W, mean, rstd)
+        assert len(cached) == len(full)
+        for a, b in zip(cached, full):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        dx64, _, _ = ref64_backward(dy, x, w, eps, rms)
+        assert_close(cached[0], dx64.reshape(shape), dtype, f"dx (call {i})")
+    assert any(isinstance(p, _callcache.BwdPlan) for p in _callcache._plans.values())
+
+
+def test_host_arrays_never_use_the_backward_cache():
+    x = np.ones((2, 8), np.float32)
+    assert _callcache.norm_backward(x, x, None, None, np.ones(2, np.float32), False, True) is None
