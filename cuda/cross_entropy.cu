@@ -60,7 +60,6 @@
 
 namespace fk {
 
-constexpr float kCeLn2 = 0.6931471805599453f;
 constexpr int kCeLoopedThreads = 512;
 constexpr int kCeReduceThreads = 1024;
 constexpr long long kCeReduceChunk = 65536;  // tokens per block of ce_reduce (fixed: determinism)
@@ -112,7 +111,7 @@ __device__ __forceinline__ void ce_write_loss(float* __restrict__ loss, float* _
                                               float smoothing, float z_loss) {
   float l = 0.f, lse = 0.f;
   if (r.valid) {
-    const float ln_s = kCeLn2 * log2_sum_at(st.s, st.m);
+    const float ln_s = kLn2 * log2_sum_at(st.s, st.m);
     lse = st.m + ln_s;
     if (!r.in_range) {
       l = __int_as_float(0x7fc00000);  // NaN: the target is outside [0, N)
@@ -147,7 +146,7 @@ struct CeGrad {
 
 __device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, const LseStats& st, int N, float smoothing,
                                                  float z_loss) {
-  const float lse = st.m + kCeLn2 * log2_sum_at(st.s, st.m);
+  const float lse = st.m + kLn2 * log2_sum_at(st.s, st.m);
   const float coef = r.g * (1.f + 2.f * z_loss * lse);
   return {lse_key(st.m), coef / st.s, r.g * smoothing / (float)N, r.g * (1.f - smoothing)};
 }

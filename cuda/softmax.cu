@@ -8,14 +8,14 @@
 // ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so each warp load is one coalesced 512-byte access. Blocks
 // of fewer than 4 warps per row take RPB = 4 / WARPS rows. One group of rows per block,
 // non-persistent grid, plain loads, the row kept as raw storage in registers.
-//   Statistics: ONE reduction round. Each thread takes the max m_t of its values and
-//   s_t = sum exp(v - m_t); the (m, s) pairs are merged online (common/online_softmax.cuh: shuffles,
+//   Statistics: ONE reduction round. Each thread takes the key k_t of its max and
+//   s_t = sum 2^(fma(x, c, -k_t)) (Numerics below); the (k, s) pairs are merged online (common/online_softmax.cuh: shuffles,
 //   then one shared-memory round across warps merged by a butterfly). Then y = exp(v - m) / s.
 //   Two exponentials per element (local sum, output), as a max-then-sum scheme would need without
 //   fp32 storage for the exponentials; one barrier round instead of two.
 // Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2, 4 or 8) owns a
 // row; CTA r holds the contiguous chunk of vectors [r * ceil(nvec / C), ...) in registers with the same
-// per-CTA mapping. The CTA's (m, s) is merged across the cluster through distributed shared memory
+// per-CTA mapping. The CTA's (k, s) is merged across the cluster through distributed shared memory
 // (common/cluster.cuh: cluster barrier, mapa + ld.shared::cluster, butterfly over C lanes), so every CTA
 // gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
 // Rows that fit neither (or GPUs without clusters) use softmax_fwd_looped: one row per 512-thread
@@ -39,14 +39,20 @@
 // broadcast, usually far less; causal reads only the visible part of x); forward + backward
 // 4MN + 6MN = 10MN. Looped paths re-read their inputs (6MN forward, 10MN backward).
 //
-// Numerics: fp32 math; v = x * scale (one rounding), exponentials as exp2f((v - m) * log2 e) with the
-// subtraction first (exact near the max, so offsets of 1e4 cost nothing); y = exp * (1 / s) (softmax) or
-// (v - m) - log(s) (log-softmax); one rounding to the output dtype.
+// Numerics: fp32 math on keyed exponents (common/online_softmax.cuh, MaxSum): c = fl(scale * log2 e), a
+// row's key k = fl(max x * c), each term 2^(fma(x, c, -k)) (one FFMA on the raw input: the product is
+// exact inside it, so offsets of 1e4 cost nothing, and merges rescale by exact key differences, so k's
+// own rounding cancels); y = 2^(fma(x, c, -k)) * (1 / s) (softmax) or ln 2 (fma(x, c, -k) - log2 s)
+// (log-softmax); one rounding to the output dtype. Unmasked rows with scale > 0 find the max on the raw
+// values (packed max.bf16x2 / max.f16x2 for 16-bit inputs) and multiply once.
+// Instructions (SASS, sm_90a, softmax_fwd<bf16, 8, 4, 8>, 32 elements a thread, fast path): 824 with the
+// earlier (v - m) * log2 e form and element-wise zeroing of the vectors past the row's end (two PRMTs
+// per element), 656 now.
 // Variants considered: a max reduction followed by a sum reduction (two barrier rounds: dropped for the
-// online merge); a prescaled v * log2(e) folded into one FMA (loses ~1e-3 absolute in the exponent at
-// offsets of 1e4: dropped); keeping exp(v - m) in fp32 registers between passes (doubles the register
-// footprint: dropped); staging rows through shared memory with bulk copies (lost to registers for the
-// norm forward, not retried here).
+// online merge); a prescaled v * log2(e) against a natural-unit max (its rounding did not cancel: ~1e-3
+// absolute in the exponent at offsets of 1e4; the keyed form above fixes that); keeping exp(v - m) in fp32
+// registers between passes (doubles the register footprint: dropped); staging rows through shared memory
+// with bulk copies (see cross_entropy.cu's ce_fwd_staged).
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -166,8 +172,7 @@ __device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEM
     if (v < vend && (MASKING == 0 || c0 <= rm.limit)) {
       raw[i] = load_vec<T, VEC>(xrow + c0);
     } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) raw[i].v[j] = from_float<T>(0.f);
+      vec_zero(raw[i]);  // whole words: zeroing element by element cost two PRMTs per element
     }
     if constexpr (MASKING != 0) {
       if (v < vend) bits |= (unsigned long long)vec_mask_bits<VEC, MASKING>(rm, c0) << (i * VEC);
@@ -236,12 +241,50 @@ __device__ __forceinline__ float elem_float(const Vec<T, VEC>& r, int j) {
   }
 }
 
-template <typename T, int VEC, int MASKING, int FORM = 0>
-__device__ __forceinline__ float scaled_value(const Vec<T, VEC>& r, int j, unsigned long long bits, int bit,
-                                              float scale) {
-  const float f = elem_float<T, VEC, FORM>(r, j) * scale;
+// The key image of element j, fl(x_j * c) with c = fl(scale * log2 e) (-inf where masked): a row's key is
+// the max of these (common/online_softmax.cuh, MaxSum).
+template <typename T, int VEC, int MASKING>
+__device__ __forceinline__ float key_value(const Vec<T, VEC>& r, int j, unsigned long long bits, int bit, float c) {
+  const float f = __fmul_rn(elem_float<T, VEC, 0>(r, j), c);
   if constexpr (MASKING != 0) return ((bits >> bit) & 1ull) ? neg_inf() : f;
   return f;
+}
+
+// The exponent of element j relative to key k: fma(x_j, c, -k) (-inf where masked).
+template <typename T, int VEC, int MASKING, int FORM = 0>
+__device__ __forceinline__ float keyed_exponent(const Vec<T, VEC>& r, int j, unsigned long long bits, int bit,
+                                                float c, float k) {
+  const float t = fmaf(elem_float<T, VEC, FORM>(r, j), c, -k);
+  if constexpr (MASKING != 0) return ((bits >> bit) & 1ull) ? neg_inf() : t;
+  return t;
+}
+
+// This thread's key: the max of key_value over its vectors [v0 + tid + i * T_ROW < vend]. Unmasked rows
+// with c > 0 take the max of the raw values (packed for 16-bit types) and multiply once; the rounding
+// is monotone, so both ways give the same bits.
+template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING>
+__device__ __forceinline__ float thread_key(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits, int v0,
+                                            int vend, float c) {
+  if (MASKING == 0 && c > 0.f) {
+    RunningMax<T, VEC> mx;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (v0 + (int)threadIdx.x + i * T_ROW < vend) mx.add(raw[i]);
+    return __fmul_rn(mx.value(), c);
+  }
+  float k = neg_inf();
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) k = fmaxf(k, key_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c));
+  return k;
+}
+
+// The output of one element from its exponent t: 2^t / s, or ln 2 (t - log2 s) for log-softmax.
+template <bool LOG>
+__device__ __forceinline__ float softmax_out(float t, float inv, float log2_s) {
+  return LOG ? kLn2 * (t - log2_s) : exp2_nonpos(t) * inv;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -262,40 +305,35 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   Vec<T, VEC> raw[ITEMS];
   const unsigned long long bits = load_x_row<T, VEC, ITEMS, T_ROW, MASKING>(raw, x + base, rm, v0, vend);
 
-  float m = neg_inf();
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, scaled_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, scale));
-  const float m_loc = m == neg_inf() ? 0.f : m;
+  const float c = __fmul_rn(scale, kLog2e);
+  const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
+  const float k_loc = k == neg_inf() ? 0.f : k;
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
     if (v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
-        s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, scale), m_loc);
+        s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
 
-  MaxSum st = row_merge<WARPS>(MaxSum{m, s});
+  MaxSum st = row_merge<WARPS>(MaxSum{k, s});
   if constexpr (CLUSTER > 1) {
     st = cluster_merge<CLUSTER>(st, slot);
     cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
   }
   if (!row_ok) return;
-  const float mg = st.m == neg_inf() ? 0.f : st.m;
+  const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
-  const float lse = LOG ? logf(st.s) : 0.f;
+  const float log2_s = LOG ? log2f(st.s) : 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + threadIdx.x + i * T_ROW;
     if (v < vend) {
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float val = scaled_value<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, scale);
-        out.v[j] = from_float<O>(LOG ? (val - mg) - lse : exp_shifted(val, mg) * inv);
-      }
+      for (int j = 0; j < VEC; ++j)
+        out.v[j] = from_float<O>(softmax_out<LOG>(
+            keyed_exponent<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, c, kg), inv, log2_s));
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
@@ -340,32 +378,31 @@ softmax_fwd_looped(FK_SOFTMAX_FWD_PARAMS) {
   const long long base = row * (long long)N;
   const int nvec = N / VEC;
   const RowMask rm = row_mask<MASKING>(row, N, mp);
-  float m = neg_inf(), s = 0.f;
+  const float c = __fmul_rn(scale, kLog2e);
+  float k = neg_inf(), s = 0.f;
   for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
     Vec<T, VEC> raw[1];
     const unsigned long long bits = load_x_row<T, VEC, 1, 1, MASKING>(raw, x + base, rm, v - (int)threadIdx.x, v + 1);
-    float vm = m;
+    float vk = k;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) vm = fmaxf(vm, scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale));
-    s = rescale_sum(s, m, vm);
-    m = vm;
-    const float m_loc = m == neg_inf() ? 0.f : m;
+    for (int j = 0; j < VEC; ++j) vk = fmaxf(vk, key_value<T, VEC, MASKING>(raw[0], j, bits, j, c));
+    s = rescale_key(s, k, vk);
+    k = vk;
+    const float k_loc = k == neg_inf() ? 0.f : k;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) s += exp_shifted(scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale), m_loc);
+    for (int j = 0; j < VEC; ++j) s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[0], j, bits, j, c, k_loc));
   }
-  const MaxSum st = row_merge<WARPS>(MaxSum{m, s});
-  const float mg = st.m == neg_inf() ? 0.f : st.m;
+  const MaxSum st = row_merge<WARPS>(MaxSum{k, s});
+  const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
-  const float lse = LOG ? logf(st.s) : 0.f;
+  const float log2_s = LOG ? log2f(st.s) : 0.f;
   for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
     Vec<T, VEC> raw[1];
     const unsigned long long bits = load_x_row<T, VEC, 1, 1, MASKING>(raw, x + base, rm, v - (int)threadIdx.x, v + 1);
     Vec<O, VEC> out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float val = scaled_value<T, VEC, MASKING>(raw[0], j, bits, j, scale);
-      out.v[j] = from_float<O>(LOG ? (val - mg) - lse : exp_shifted(val, mg) * inv);
-    }
+    for (int j = 0; j < VEC; ++j)
+      out.v[j] = from_float<O>(softmax_out<LOG>(keyed_exponent<T, VEC, MASKING>(raw[0], j, bits, j, c, kg), inv, log2_s));
     store_vec<O, VEC>(y + base + (long long)v * VEC, out);
   }
 }

@@ -2,10 +2,12 @@
 // Online-softmax statistics: a (max, sum) pair where sum = sum_k exp(v_k - max), merged across threads,
 // warps and CTAs in one reduction round (instead of a max reduction followed by a sum reduction).
 //
-// Numerics: exponentials are exp2f((v - m) * log2(e)); the subtraction comes first so that inputs with
-// large offsets (|v| ~ 1e4) lose nothing to the rounding of a prescaled v * log2(e). A pair with
-// m = -inf (every value masked) has s = 0 and is the identity of the merge; merging never forms
-// -inf - (-inf). NaN inputs propagate into s (fmaxf drops NaN from m, the exponentials keep it).
+// Numerics: sums are kept relative to a key, the rounded log2-unit image of their max (MaxSum, LseStats
+// below): each term is 2^(fma(v, c, -key)), one FFMA whose product is exact, so inputs with large
+// offsets (|v| ~ 1e4) lose nothing, and merges rescale by 2^(key_a - key_b) (the keys' exact
+// difference), so the keys' own rounding cancels in every ratio. A pair whose max is -inf (every value
+// masked) has s = 0 and is the identity of the merge; merging never forms -inf - (-inf). NaN inputs
+// propagate into s (fmaxf drops NaN from the max, the exponentials keep it).
 //
 // Determinism: max_sum_merge is commutative bit for bit (fmaxf, and fp32 addition of the same two
 // terms), so an xor-butterfly gives every lane the same result, and every CTA of a cluster that
@@ -17,6 +19,7 @@
 namespace fk {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // 2^t for t <= 0 (the exponentials of softmax and cross-entropy). FK_FAST_EXP=1 (the default) uses
 // ex2.approx.ftz alone: exp2f's approximation (2 ulp) for normal results, 0 for results below 2^-126,
@@ -39,13 +42,11 @@ __device__ __forceinline__ float exp2_nonpos(float t) {
 #endif
 }
 
-// exp(v - m) for v <= m (v = -inf gives 0).
-__device__ __forceinline__ float exp_shifted(float v, float m) { return exp2_nonpos((v - m) * kLog2e); }
 
 // Keyed sums (the cross-entropy statistics, LseStats): a sum kept relative to the key K(m) = fl(m log2 e)
 // of its max m (0 for m = -inf, a thread with no values) as s = sum 2^(fma(v, log2 e, -K(m))). Each term
 // costs one FFMA before its exponential (the product inside the FFMA is exact, so offsets of 1e4 lose
-// nothing to a prescaled v * log2 e), against a subtraction and a multiply for exp_shifted; merges
+// nothing to a prescaled v * log2 e), against a subtraction and a multiply for (v - m) * log2 e; merges
 // rescale by 2^(K(from) - K(to)), so every partial sum stays relative to the rounded key of its own max
 // and the keys cancel in every ratio (a probability p_j = 2^(fma(x_j, log2 e, -K(m))) / s). Where the
 // absolute value matters (lse = m + ln s_m, s_m the sum relative to m itself): log2 s_m = log2 s -
@@ -65,8 +66,13 @@ __device__ __forceinline__ float log2_sum_at(float s, float m) {
   return log2f(s) - fmaf(m, kLog2e, -lse_key(m));
 }
 
+// The softmax statistics, in log2 units: k = the key of the max, fl(max_j x_j * C) with C = fl(scale *
+// log2 e) (-inf when there is no value), and s = sum_j 2^(fma(x_j, C, -k)). One FFMA and an exponential
+// per term on the raw input (no separate multiply by the scale, no subtraction), and the key cancels in
+// every ratio: y_j = 2^(fma(x_j, C, -k)) / s and log y_j = ln 2 (fma(x_j, C, -k) - log2 s) do not depend
+// on how k was rounded, as long as every term and merge of a row uses the same keys.
 struct MaxSum {
-  float m, s;
+  float k, s;
 };
 
 // The cross-entropy statistics: the max m and the keyed sum s (above) plus two plain fp32 sums carried
@@ -78,15 +84,14 @@ struct LseStats {
 
 __device__ __forceinline__ MaxSum max_sum_identity() { return {-__int_as_float(0x7f800000), 0.f}; }
 
-// s = sum exp(v - from), re-expressed relative to `to` >= from (s stays as it is when from == to,
-// which also covers from == to == -inf).
-__device__ __forceinline__ float rescale_sum(float s, float from, float to) {
-  return from == to ? s : s * exp2_nonpos((from - to) * kLog2e);
+// s relative to key `from`, re-expressed relative to key `to` >= from (a sum with from = -inf is 0).
+__device__ __forceinline__ float rescale_key(float s, float from, float to) {
+  return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(from - to));
 }
 
 __device__ __forceinline__ MaxSum max_sum_merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  return {m, rescale_sum(a.s, a.m, m) + rescale_sum(b.s, b.m, m)};
+  const float k = fmaxf(a.k, b.k);
+  return {k, rescale_key(a.s, a.k, k) + rescale_key(b.s, b.k, k)};
 }
 
 // What the generic merges below need of a statistics type S: its identity, the merge, and a float4
@@ -98,13 +103,13 @@ template <>
 struct StatsOps<MaxSum> {
   static __device__ __forceinline__ MaxSum identity() { return max_sum_identity(); }
   static __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) { return max_sum_merge(a, b); }
-  static __device__ __forceinline__ float4 pack(MaxSum v) { return make_float4(v.m, v.s, 0.f, 0.f); }
+  static __device__ __forceinline__ float4 pack(MaxSum v) { return make_float4(v.k, v.s, 0.f, 0.f); }
   static __device__ __forceinline__ MaxSum unpack(float4 p) { return {p.x, p.y}; }
   static __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int off) {
-    return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
+    return {__shfl_xor_sync(0xffffffffu, v.k, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
   }
   static __device__ __forceinline__ MaxSum shfl(MaxSum v, int lane) {
-    return {__shfl_sync(0xffffffffu, v.m, lane), __shfl_sync(0xffffffffu, v.s, lane)};
+    return {__shfl_sync(0xffffffffu, v.k, lane), __shfl_sync(0xffffffffu, v.s, lane)};
   }
 };
 
