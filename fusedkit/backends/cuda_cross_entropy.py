@@ -32,16 +32,18 @@ BWD_THREADS = 256
 # fwd_config applies elsewhere). Empty until the first GPU sweep of this kernel.
 TUNED: dict = {}
 
-# The staged kernel (ce_fwd_staged, persistent, two chunk buffers per CTA): rows of at least
-# STAGED_MIN_BYTES, split over the fewest CTAs (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk
-# within STAGE_CHUNK_BYTES. Sweeps on the H200 (tools/sweep_cross_entropy.py, bf16, loss + gradient):
-# before the staged kernel the register kernels and clusters reached 0.40-0.61 of copy and the two-pass
-# looped kernel 0.60-0.65 (12:00Z); a one-row-per-cluster staged kernel with 32 KB chunks 0.79 / 0.74 /
-# 0.69 at N = 32768 / 131072 / 262144 (clusters of 2 / 8 / 16), the register kernel with keyed sums
-# and 16-byte stores 0.81 at 32768 (12:09Z).
+# The staged kernel (ce_fwd_staged): rows of at least STAGED_MIN_BYTES, split over the fewest CTAs
+# (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk within STAGE_CHUNK_BYTES. Sweeps on the H200
+# (tools/sweep_cross_entropy.py, bf16, loss + gradient, fraction of copy at N = 32768 / 131072 / 262144;
+# benchmarks/results/sweep_ce_2026-12-03T*.json):
+#   12:00Z, before: register rows and clusters 0.40-0.61, the two-pass looped kernel 0.64 / 0.60 / 0.60;
+#   12:33Z, staged, one buffer, 256 threads: 64 KB chunks 0.873 (no cluster) / 0.700 (4 CTAs) / 0.669
+#   (8 CTAs); 32 KB chunks 0.725 (2) / 0.665 (8) / 0.632 (16); 512 threads and the persistent
+#   double-buffered form (BUFFERS = 2) slower everywhere. Clusters cost more than the chunk size buys:
+#   at 32768, 64 KB in one CTA reads 0.873 and 32 KB in each of two 0.725.
 STAGED_THREADS = 256
 STAGED_BUFFERS = 1  # 2: persistent and double-buffered (slower, see cuda/cross_entropy.cu)
-STAGE_CHUNK_BYTES = 32 * 1024
+STAGE_CHUNK_BYTES = 64 * 1024
 STAGED_MIN_BYTES = 32 * 1024
 STAGED_CLUSTERS = (1, 2, 4, 8, 16)
 STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluster walks many rows
