@@ -28,9 +28,10 @@ class Launcher:
     __slots__ = ("_func", "_fmt", "_buf", "_params", "_params_addr", "_lock", "_launch", "_rt", "device",
                  "cluster")
 
-    def __init__(self, function, codes: str, device: int, cluster=None):
+    def __init__(self, function, codes: str, device: int, cluster=None, cluster_policy: int = 0):
         """``function``: a loaded ``cupy.cuda.function.Function`` (``RawKernel.kernel``); ``cluster``: None,
-        or the cluster shape of a cluster launch (an int C for (C, 1, 1), or a 3-tuple)."""
+        or the cluster shape of a cluster launch (an int C for (C, 1, 1), or a 3-tuple);
+        ``cluster_policy``: CUclusterSchedulingPolicy (0 default, 1 spread, 2 load balancing)."""
         from cupy_backends.cuda.api import driver, runtime
 
         self._func = function.ptr
@@ -50,7 +51,7 @@ class Launcher:
         self._rt = runtime
         self.device = device
         dims = _cluster_dims(cluster)
-        self.cluster = None if dims == (1, 1, 1) else ClusterLaunch(self._func, dims)
+        self.cluster = None if dims == (1, 1, 1) else ClusterLaunch(self._func, dims, cluster_policy)
 
     def __call__(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
         """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer.
@@ -108,11 +109,13 @@ def stream_ptr(stream) -> int:
 # numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
 
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # value: CUclusterSchedulingPolicy (an int)
 _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 class _CUlaunchAttributeValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", ctypes.c_uint * 3)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", ctypes.c_uint * 3),
+                ("policy", ctypes.c_int)]
 
 
 class _CUlaunchAttribute(ctypes.Structure):
@@ -165,26 +168,31 @@ def _check(rc: int, what: str) -> None:
 
 
 class ClusterLaunch:
-    """One kernel's cluster launches: a CUlaunchConfig with one cluster-dimension attribute, built once;
-    a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs (non-portable)
-    get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
+    """One kernel's cluster launches: a CUlaunchConfig with a cluster-dimension attribute (and, when
+    ``policy`` is not 0, a cluster scheduling policy preference: 1 spread, 2 load balancing), built
+    once; a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs
+    (non-portable) get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
 
     __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
 
-    def __init__(self, func: int, dims: tuple):
+    def __init__(self, func: int, dims: tuple, policy: int = 0):
         self.func, self.dims = func, dims
         self._lib = _libcuda()
         if dims[0] * dims[1] * dims[2] > 8:
             from cupy_backends.cuda.api import driver
             driver.funcSetAttribute(func, _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-        self._attr = (_CUlaunchAttribute * 1)()
+        n = 2 if policy else 1
+        self._attr = (_CUlaunchAttribute * n)()
         self._attr[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         for k in range(3):
             self._attr[0].value.clusterDim[k] = dims[k]
+        if policy:
+            self._attr[1].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            self._attr[1].value.policy = int(policy)
         self._cfg = _CUlaunchConfig()
         self._cfg.gridDimZ = self._cfg.blockDimZ = 1
         self._cfg.attrs = self._attr
-        self._cfg.numAttrs = 1
+        self._cfg.numAttrs = n
         self._cfg_ref = ctypes.byref(self._cfg)
 
     def _set(self, gx, gy, block, smem, stream):

@@ -492,6 +492,21 @@ def test_staged_kernel(staged_cluster, dtype, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("policy", [1, 2], ids=["spread", "load_balancing"])
+def test_cluster_scheduling_policy_same_bits(monkeypatch, policy):
+    """A cluster scheduling policy preference on the staged launch changes where clusters run, not what
+    they compute."""
+    pytest.importorskip("torch")
+    from fusedkit.backends import cuda_cross_entropy as ce
+    x, t, X, T = _inputs("torch", "bfloat16", (5, 131072), ("policy", policy))
+    base = fk.cross_entropy(X, T, reduction="none", return_lse=True, return_grad=True)
+    monkeypatch.setattr(ce, "STAGED_CLUSTER_POLICY", policy)
+    got = fk.cross_entropy(X, T, reduction="none", return_lse=True, return_grad=True)
+    for a, b in zip(got, base):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+@pytest.mark.gpu
 def test_torch_non_default_stream():
     torch = pytest.importorskip("torch")
     x, t, _, _ = _inputs("numpy", "bfloat16", (64, 32768), ("stream",))

@@ -3,6 +3,8 @@ register rows (warps x vectors per thread), clusters of C CTAs, the staged kerne
 size: the row chunk per CTA in shared memory) and the looped kernel.
 
     python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it)
+    SWEEP_POLICIES=0,1,2 python3 tools/sweep_cross_entropy.py out.json   (staged clusters under each
+        cluster scheduling policy preference: 0 default, 1 spread, 2 load balancing)
 
 Why: at 0.39-0.52 of copy (benchmark 025917Z) the shipped rule puts one row per SM (two 512-thread
 CTAs of 64 registers), so its load, reduce and store phases run in series; smaller CTAs (more of them
@@ -57,7 +59,15 @@ def main(out_path):
         def make(cfg):
             return lambda: cc.forward(x.data_ptr(), t.data_ptr(), False, g.data_ptr(), loss.data_ptr(), 0, 0, M,
                                       N, "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
-        sweep_configs(timer, copy, f"N={N}", candidates(N), make, 4 * M * N, results, N=N)
+        policies = os.environ.get("SWEEP_POLICIES")
+        if policies:  # the staged cluster configs under each cluster scheduling policy preference
+            for pol in (int(p) for p in policies.split(",")):
+                cc.STAGED_CLUSTER_POLICY = pol
+                cands = [c for c in candidates(N) if c[0] == "staged" and c[2] > 1 and c[3] == 1 and c[1] == 256]
+                sweep_configs(timer, copy, f"N={N} policy={pol}", cands, make, 4 * M * N, results, N=N, policy=pol)
+            cc.STAGED_CLUSTER_POLICY = 0
+        else:
+            sweep_configs(timer, copy, f"N={N}", candidates(N), make, 4 * M * N, results, N=N)
         del x, g, t, loss
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:

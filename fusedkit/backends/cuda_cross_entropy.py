@@ -47,6 +47,9 @@ STAGE_CHUNK_BYTES = 64 * 1024
 STAGED_MIN_BYTES = 32 * 1024
 STAGED_CLUSTERS = (1, 2, 4, 8, 16)
 STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluster walks many rows
+# Cluster scheduling policy preference of the staged launches (0 default, 1 spread, 2 load balancing):
+# tools/sweep_cross_entropy.py measures the three (SWEEP_POLICIES).
+STAGED_CLUSTER_POLICY = 0
 
 
 def regs_per_item(vec: int, itemsize: int) -> int:
@@ -160,7 +163,7 @@ def _max_active_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int
 def _fwd_plan(N, dt, device, config, max_vec):
     """(launcher, block, rows per block, cluster size, dynamic shared memory, most resident clusters (the
     persistent staged kernel's grid; None for the others)) of the fused kernel; cached per shape/dtype."""
-    key = (N, dt, device, config, max_vec)
+    key = (N, dt, device, config, max_vec, STAGED_CLUSTER_POLICY)
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -175,7 +178,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
             per_sm = blocks_per_sm(k, expr, device, cfg[1], smem)  # also opts in past 48 KB
         except RuntimeError:
             per_sm = 0
-        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None, cluster_policy=STAGED_CLUSTER_POLICY)
         groups = _max_active_clusters(fn, block, device, smem) if (c > 1 and per_sm) else per_sm * sm_count(device)
         if groups < 1:
             _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the register rule")
