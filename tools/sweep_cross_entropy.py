@@ -51,7 +51,7 @@ def main(out_path):
     ns = [int(n) for n in os.environ.get("SWEEP_NS", "32768,131072,262144").split(",")]
     results = []
     for N in ns:
-        M = 2**27 // N
+        M = int(os.environ.get("SWEEP_ELEMS", 2**27)) // N
         x = (torch.randn(M, N, device="cuda") * 2).bfloat16()
         g = torch.empty_like(x)
         t = torch.randint(0, N, (M,), device="cuda")
