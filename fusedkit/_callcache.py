@@ -221,50 +221,47 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
 
 def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
     """(dx, dweight[, dbias]) of a norm backward through a cached plan, or None (take the full path)."""
+    global _raw_stream
     t = type(x)
     if t is _cupy_ndarray:
+        is_cupy = True
+    elif t is _torch_tensor and x.is_cuda:
+        is_cupy = False
+    else:
+        return None
+    try:
+        plan = _plans.get(_bkey(dy, x, weight, mean, rstd, zero_centered, rms))
+    except TypeError:  # an unhashable option: the full path decides
+        return None
+    if plan is None:
+        return None
+    dev = plan.device
+    ptrs = []
+    for a in (dy, x, weight, mean, rstd):
+        if a is None:
+            ptrs.append(0)
+            continue
+        if is_cupy:
+            ok, p = _c_contiguous(a) and a.data.device_id == dev, a.data.ptr
+        else:
+            ok, p = a.is_contiguous() and a.get_device() == dev, a.data_ptr()
+        if not ok:
+            return None
+        ptrs.append(p)
+    if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+        return None
+    if is_cupy:
         cupy = _cupy
-        arrays = (dy, x, weight, mean, rstd)
-        try:
-            plan = _plans.get(_bkey(dy, x, weight, mean, rstd, zero_centered, rms))
-        except TypeError:
-            return None
-        if plan is None:
-            return None
-        dev = plan.device
-        ptrs = []
-        for a in arrays:
-            if a is None:
-                ptrs.append(0)
-                continue
-            if not (_c_contiguous(a) and a.data.device_id == dev):
-                return None
-            ptrs.append(a.data.ptr)
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15 or cupy.cuda.runtime.getDevice() != dev:
+        if cupy.cuda.runtime.getDevice() != dev:
             return None
 
         def empty(shape, dtype):
             return cupy.empty(shape, dtype)
+        f32 = "float32"
         sp = cupy.cuda.get_current_stream(dev).ptr
-    elif t is _torch_tensor and x.is_cuda:
-        global _raw_stream
+    else:
         import torch
-        try:
-            plan = _plans.get(_bkey(dy, x, weight, mean, rstd, zero_centered, rms))
-        except TypeError:
-            return None
-        if plan is None:
-            return None
-        dev = plan.device
-        ptrs = []
-        for a in (dy, x, weight, mean, rstd):
-            if a is None:
-                ptrs.append(0)
-                continue
-            if not (a.is_contiguous() and a.get_device() == dev):
-                return None
-            ptrs.append(a.data_ptr())
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & 15 or torch.cuda.current_device() != dev:
+        if torch.cuda.current_device() != dev:
             return None
         if _raw_stream is None:
             from ._interop import _torch_raw_stream
@@ -273,15 +270,14 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
 
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, device=device)
+        f32 = torch.float32
         sp = _raw_stream(dev)
-    else:
-        return None
     dyp, xp, wp, mp, rp = ptrs
     N, P = plan.N, plan.P
     dx = empty(plan.shape, plan.x_dtype)
     dw = db = None
     n_parts = int(plan.has_w) + int(not plan.rms)
-    part = empty((n_parts * P * N,), "float32" if t is _cupy_ndarray else torch.float32) if n_parts else None
+    part = empty((n_parts * P * N,), f32) if n_parts else None
     pp = _ptr(part) if part is not None else 0
     dw_part = db_part = 0
     if plan.has_w:
