@@ -148,7 +148,7 @@ __device__ __forceinline__ Vec<T, VEC> zero_vec() {
 // What the fused kernels need for the gradient of a valid row, from its merged statistics:
 //   dx_j = cs 2^(fma(x_j, log2 e, -key)) - cbase - [j == t] tgt,  cs = coef / s
 // (the keyed sum s of common/online_softmax.cuh, so p_j = 2^(...) / s): an FFMA, an exponential and an
-// FFMA per element. The target's term is not in ce_grad_keyed: the thread that wrote the target's vector
+// FFMA per element. The target's term is not in ce_store_grad: the thread that wrote the target's vector
 // rewrites that one element afterwards (ce_fix_target; program order makes its write the last), which
 // saves a column test per vector.
 struct CeGrad {
@@ -162,24 +162,19 @@ __device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, const LseStats&
   return {lse_key(st.m), coef / st.s, r.g * smoothing / (float)N, r.g * (1.f - smoothing)};
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> ce_grad_keyed(const Vec<T, VEC>& x, const CeGrad& g) {
-  Vec<T, VEC> o;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase));
-  return o;
-}
-
 // The gradient of one vector, stored at p: a 16-byte vector as whole words (store_floats16).
 template <typename T, int VEC>
 __device__ __forceinline__ void ce_store_grad(T* p, const Vec<T, VEC>& x, const CeGrad& g) {
-  if constexpr (VEC * sizeof(T) == 16) {
-    float f[VEC];
+  float f[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase);
+  for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase);
+  if constexpr (VEC * sizeof(T) == 16) {
     store_floats16<T, VEC>(p, f);
   } else {
-    store_vec<T, VEC>(p, ce_grad_keyed<T, VEC>(x, g));
+    Vec<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(f[j]);
+    store_vec<T, VEC>(p, o);
   }
 }
 

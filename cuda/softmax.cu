@@ -9,8 +9,9 @@
 // of fewer than 4 warps per row take RPB = 4 / WARPS rows. One group of rows per block,
 // non-persistent grid, plain loads, the row kept as raw storage in registers.
 //   Statistics: ONE reduction round. Each thread takes the key k_t of its max and
-//   s_t = sum 2^(fma(x, c, -k_t)) (Numerics below); the (k, s) pairs are merged online (common/online_softmax.cuh: shuffles,
-//   then one shared-memory round across warps merged by a butterfly). Then y = exp(v - m) / s.
+//   s_t = sum 2^(fma(x, c, -k_t)) (Numerics below); the (k, s) pairs are merged online
+//   (common/online_softmax.cuh: shuffles, then one shared-memory round across warps merged by a
+//   butterfly). Then y = 2^(fma(x, c, -k)) / s.
 //   Two exponentials per element (local sum, output), as a max-then-sum scheme would need without
 //   fp32 storage for the exponentials; one barrier round instead of two.
 // Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2, 4 or 8) owns a

@@ -2,8 +2,8 @@
 
 ``fwd_config`` picks, per vocab size N, how a row lives on chip: on sm_90+, rows of at least
 STAGED_MIN_BYTES whose length and pointers allow 16-byte vectors are staged in shared memory by one bulk
-copy per CTA (``("staged", threads, C)``: C CTAs of a cluster split the row, at most STAGE_CHUNK_BYTES
-each, so several rows share an SM in different phases); otherwise one block's registers (``("rows",
+copy per CTA (``("staged", threads, C, buffers)``: C CTAs of a cluster split the row, at most
+STAGE_CHUNK_BYTES each, so several rows share an SM in different phases); otherwise one block's registers (``("rows",
 vec, items, warps, 1)``: 32 * warps threads x items vectors of vec elements; short rows pack 4 / warps
 rows per block), a thread-block cluster of C CTAs splitting the row in registers (``("rows", vec, items,
 16, C)``, sm_90+, launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond
@@ -58,11 +58,12 @@ def regs_per_item(vec: int, itemsize: int) -> int:
 
 
 def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
-    """("staged", threads, C), ("rows", vec, items, warps, C) or ("looped", vec) for rows of N elements
-    of ``itemsize`` bytes.
+    """("staged", threads, C, buffers), ("rows", vec, items, warps, C) or ("looped", vec) for rows of N
+    elements of ``itemsize`` bytes.
 
-    Rule: with clusters (sm_90+) the staged kernel where staged_config allows it; else the fewest warps (1..16) with at most 8 registers of row data per thread, or 16 warps with at
-    most 16 (ptxas then fits 1024 threads per SM at <= 64 registers); else, with clusters (sm_90+), the
+    Rule: with clusters (sm_90+) the staged kernel where staged_config allows it; else the fewest warps
+    (1..16) with at most 8 registers of row data per thread, or 16 warps with at most 16 (ptxas then
+    fits 1024 threads per SM at <= 64 registers); else, with clusters (sm_90+), the
     smallest cluster of 16-warp CTAs with at most 16 registers of data per thread, then 8 CTAs with up to
     32 (one 512-thread block per SM); without clusters one 16-warp block with up to 32; else looped.
     ``max_vec``: the pointers' alignment in elements (align_elems)."""
@@ -96,16 +97,16 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
 
 
 def staged_config(N: int, itemsize: int, max_vec: int = 16):
-    """("staged", STAGED_THREADS, C, STAGED_BUFFERS) when a row of N elements can be staged (16-byte vectors: N and the
-    pointers' alignment ``max_vec`` allow them; at least STAGED_MIN_BYTES), else None."""
-    threads, chunk_bytes = STAGED_THREADS, STAGE_CHUNK_BYTES
+    """("staged", STAGED_THREADS, C, STAGED_BUFFERS) when a row of N elements can be staged (16-byte
+    vectors: N and the pointers' alignment ``max_vec`` allow them; at least STAGED_MIN_BYTES), else
+    None. C: the fewest CTAs of STAGED_CLUSTERS whose chunks fit STAGE_CHUNK_BYTES."""
     vec = 16 // itemsize
     row = N * itemsize
     if N % vec or max_vec < vec or row < STAGED_MIN_BYTES:
         return None
     for c in STAGED_CLUSTERS:
-        if -(-(N // vec) // c) * 16 <= chunk_bytes:
-            return ("staged", threads, c, STAGED_BUFFERS)
+        if -(-(N // vec) // c) * 16 <= STAGE_CHUNK_BYTES:
+            return ("staged", STAGED_THREADS, c, STAGED_BUFFERS)
     return None
 
 
@@ -161,8 +162,10 @@ def _max_active_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int
 
 
 def _fwd_plan(N, dt, device, config, max_vec):
-    """(launcher, block, rows per block, cluster size, dynamic shared memory, most resident clusters (the
-    persistent staged kernel's grid; None for the others)) of the fused kernel; cached per shape/dtype."""
+    """(launcher, block, rows per block, cluster size, dynamic shared memory, row cap) of the fused kernel,
+    cached per shape/dtype. Row cap: the grid's clusters for the persistent staged kernel (the resident
+    ones), 0 for the other staged launches (one row per cluster, capped only by STAGED_MAX_GROUPS in
+    tests), None for the register and looped kernels."""
     key = (N, dt, device, config, max_vec, STAGED_CLUSTER_POLICY)
     plan = _plans.get(key)
     if plan is not None:
@@ -170,7 +173,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
-    smem, groups = 0, None
+    smem, cap = 0, None
     if cfg[0] == "staged":
         c, rpb, block = cfg[2], 1, (cfg[1], 1)
         smem = cfg[3] * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
@@ -178,12 +181,15 @@ def _fwd_plan(N, dt, device, config, max_vec):
             per_sm = blocks_per_sm(k, expr, device, cfg[1], smem)  # also opts in past 48 KB
         except RuntimeError:
             per_sm = 0
-        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None, cluster_policy=STAGED_CLUSTER_POLICY)
-        groups = _max_active_clusters(fn, block, device, smem) if (c > 1 and per_sm) else per_sm * sm_count(device)
-        if groups < 1:
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None,
+                      cluster_policy=STAGED_CLUSTER_POLICY)
+        resident = (_max_active_clusters(fn, block, device, smem) if (c > 1 and per_sm)
+                    else per_sm * sm_count(device))
+        if resident < 1:
             _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the register rule")
             plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
             return plan
+        cap = resident if cfg[3] == 2 else 0
     elif cfg[0] == "rows":
         warps, c = cfg[3], cfg[4]
         rpb = rows_per_block(warps) if c == 1 else 1
@@ -200,9 +206,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
         _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c} smem={smem}")
-    if cfg[0] == "staged" and cfg[3] == 1:
-        groups = 1 << 62  # one row per cluster (the tests cap it through STAGED_MAX_GROUPS)
-    plan = _plans[key] = (fn, block, rpb, c, smem, groups)
+    plan = _plans[key] = (fn, block, rpb, c, smem, cap)
     return plan
 
 
@@ -215,8 +219,10 @@ def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index,
         return
     s = ITEMSIZE[dt]
     max_vec = align_elems(((logits, s), (grad, s)))
-    fn, block, rpb, c, smem, groups = _fwd_plan(N, dt, device, config, max_vec)
-    rows = -(-M // rpb) if groups is None else min(M, groups, STAGED_MAX_GROUPS or M)
+    fn, block, rpb, c, smem, cap = _fwd_plan(N, dt, device, config, max_vec)
+    rows = -(-M // rpb)  # blocks (clusters) of the grid
+    if cap is not None:  # staged
+        rows = min(rows, cap or rows, STAGED_MAX_GROUPS or rows)
     fn(rows * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
        int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
 
