@@ -7,6 +7,8 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
   norm_fwd        LayerNorm forward at 32768 x 4096 (the reference point: 0.94 of copy)
   norm_fwd_fp8    the same with E4M3 output (0.64: the gap to explain)
   norm_bwd        LayerNorm backward at 8192 x 16384 (fwd+bwd 0.71)
+  norm_bwd_1024 / norm_bwd_4096 / rms_bwd_4096
+                  LayerNorm / RMSNorm backward at 131072 x 1024 and 32768 x 4096 (fwd+bwd 0.81-0.85)
   softmax_fwd     softmax forward at 131072 x 1024 and 2048 x 65536 (0.55-0.70)
   ce              cross-entropy forward + gradient at 16384 x 32768 (0.52)
   ct_dbias        cast_transpose_dbias at 16384 x 8192 (0.34; 0.76-0.79 at the other shapes)
@@ -44,6 +46,28 @@ def case_norm_bwd():
     x, w = bf16((8192, 16384), -2.3, 0.5), bf16((16384,), 1.0, 0.3, 1)
     y, mean, rstd = fk.layer_norm(x, w, w, return_stats=True)
     return lambda: fk.layer_norm_backward(y, x, w, mean, rstd)
+
+
+def _norm_bwd(M, N, rms):
+    x, w = bf16((M, N), -2.3, 0.5), bf16((N,), 1.0, 0.3, 1)
+    dy = bf16((M, N), 0.0, 1.0, 2)
+    if rms:
+        _, rstd = fk.rms_norm(x, w, return_stats=True)
+        return lambda: fk.rms_norm_backward(dy, x, w, rstd)
+    _, mean, rstd = fk.layer_norm(x, w, w, return_stats=True)
+    return lambda: fk.layer_norm_backward(dy, x, w, mean, rstd)
+
+
+def case_norm_bwd_1024():
+    return _norm_bwd(131072, 1024, False)
+
+
+def case_norm_bwd_4096():
+    return _norm_bwd(32768, 4096, False)
+
+
+def case_rms_bwd_4096():
+    return _norm_bwd(32768, 4096, True)
 
 
 def case_softmax_fwd():
