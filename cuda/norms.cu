@@ -32,12 +32,14 @@
 //
 // Backward: persistent grid; each block walks rows with the same thread -> column mapping as the
 // forward, so every thread accumulates dweight / dbias for its own columns in fp32 across all the rows
-// it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row_sum2, then
-// dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS). At the end each (block, row slot) writes one fp32
-// partial row; column_sum adds the partials (fixed order, so results are deterministic).
+// it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row reduction with a
+// single block barrier (row_sum2_alternating), then dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS).
+// At the end each (block, row slot) writes one fp32 partial row; column_sum adds the partials (fixed
+// order, so results are deterministic). PLAIN_W (host-chosen): weights given, gamma not zero-centred.
 //   norm_bwd_staged (sm_90): x and dy of the next groups of rows arrive by bulk copies into a ring of
-//     shared-memory stages (common/bulk.cuh) while the block works on the current one. The statistics
-//     of the next row are loaded one iteration ahead.
+//     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
+//     reduction's barrier also frees the stage for its refill. The statistics of the next row are
+//     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (tuned per shape).
 //   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
 //   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
 // Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).
@@ -472,13 +474,32 @@ struct Accumulators {
   }
 };
 
-// One row of the backward from registers (xr = x, gr = dy): accumulates dweight / dbias, writes dx.
-// Every thread of the block calls it (row_sum2 holds barriers).
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
-__device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                             const W* __restrict__ w, float mean, float rstd, Acc& acc,
-                                             T* __restrict__ dx, long long row, bool row_ok, int N,
-                                             int zero_centered) {
+// gamma of vector v in fp32 for the backward: with PLAIN_W (weights given, gamma not zero-centred; a
+// kernel template flag chosen by the host) straight from the weight's vector load, else load_gamma
+// with its defaults and the + 1.
+template <bool PLAIN_W, typename W, int VEC>
+__device__ __forceinline__ void bwd_gamma(const W* __restrict__ w, int v, int zero_centered, float (&g)[VEC]) {
+  if constexpr (PLAIN_W) {
+    const Vec<W, VEC> t = load_vec<W, VEC>(w + (long long)v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) g[j] = vec_elem(t, j);
+  } else {
+    load_gamma<W, VEC>(w, v, zero_centered, g);
+  }
+}
+
+// The backward of one row held in registers (xr = x, gr = dy), in two halves around the row reduction:
+//   backward_sums: accumulates dweight += dy * xhat and dbias += dy for the thread's columns and returns
+//     its part of (sum g*dy*xhat, sum g*dy);
+//   backward_dx: dx = rstd * (g*dy - xhat*c1 - c2) (c1, c2: the row sums over N; c2 = 0 for RMS),
+//     written as fma(g*dy, rstd, fma(x - mean, -rstd^2 c1, -rstd c2)): per element one unpack of x, dy and
+//     gamma each, a subtraction, a multiply, two FMAs.
+// The kernels put the reduction between them (row_sum2_alternating: one block barrier per row, which
+// also frees the row's shared-memory stage in the staged kernel).
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
+__device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                                const W* __restrict__ w, float mean, float rstd, Acc& acc,
+                                                int N, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   float s_gdx = 0.f, s_gd = 0.f;  // sum g*dy*xhat, sum g*dy
@@ -487,7 +508,7 @@ __device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], con
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC], d[VEC], dxh[VEC];
-      load_gamma<W, VEC>(w, v, zero_centered, g);
+      bwd_gamma<PLAIN_W, W, VEC>(w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
@@ -500,29 +521,38 @@ __device__ __forceinline__ void backward_row(const Vec<T, VEC> (&xr)[ITEMS], con
       acc.add(i, v, dxh, d, !RMS);
     }
   }
+  return make_float2(s_gdx, s_gd);
+}
+
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
+__device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                            const W* __restrict__ w, float mean, float rstd, float2 sums,
+                                            T* __restrict__ dx, long long row, int N, int zero_centered) {
+  constexpr int T_ROW = 32 * WARPS;
+  const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
-  const float2 s = row_sum2<WARPS>(s_gdx, s_gd);
-  const float c1 = s.x * inv_n, c2 = RMS ? 0.f : s.y * inv_n;
-  if (!row_ok) return;
+  const float c1 = sums.x * inv_n, c2 = RMS ? 0.f : sums.y * inv_n;
+  const float b1 = -rstd * rstd * c1, b0 = -rstd * c2;
   const long long base = row * (long long)N;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC];
-      load_gamma<W, VEC>(w, v, zero_centered, g);
+      bwd_gamma<PLAIN_W, W, VEC>(w, v, zero_centered, g);
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
-        out.v[j] = from_float<T>(rstd * (vec_elem(gr[i], j) * g[j] - xhat * c1 - c2));
+        const float xm = vec_elem(xr[i], j) - mean;
+        out.v[j] = from_float<T>(fmaf(vec_elem(gr[i], j) * g[j], rstd, fmaf(xm, b1, b0)));
       }
       store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
     }
   }
 }
 
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
+// Register rows (any GPU, or pointers not 16-byte aligned): loads straight to registers.
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value)
 norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
          const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
@@ -535,7 +565,8 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
   acc.db_s = dyn_smem + threadIdx.y * N;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
-  for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += (long long)gridDim.x * RPB) {
+  int flip = 0;
+  for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += (long long)gridDim.x * RPB, flip ^= 1) {
     const long long row = row0 + threadIdx.y;
     const bool row_ok = row < M;
     const long long base = row * (long long)N;
@@ -547,13 +578,15 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
         xr[i] = load_vec_stream<T, VEC>(x + base + (long long)v * VEC);
         gr[i] = load_vec_stream<T, VEC>(dy + base + (long long)v * VEC);
       } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) xr[i].v[j] = gr[i].v[j] = from_float<T>(0.f);
+        vec_zero(xr[i]);
+        vec_zero(gr[i]);
       }
     }
     const float mean = (RMS || !row_ok) ? 0.f : mean_in[row];
     const float rstd = row_ok ? rstd_in[row] : 0.f;
-    backward_row<T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, dx, row, row_ok, N, zero_centered);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, N, zero_centered);
+    const float2 sums = row_sum2_alternating<WARPS, false>(part.x, part.y, flip);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, sums, dx, row, N, zero_centered);
   }
   acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
 }
@@ -593,10 +626,17 @@ __device__ __forceinline__ void read_stage(Vec<T, VEC> (&raw)[ITEMS], const T* s
   }
 }
 
-// (Blocks of <= 256 threads ask ptxas for two blocks per SM: without that hint ptxas 13.5 spills 4-8
-// bytes in some variants at 72-80 registers; with it, it allocates more and spills nothing.)
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
-__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, 32 * WARPS * RowsPerBlock<WARPS>::value <= 256 ? 2 : 1)
+// MIN_BLOCKS: the occupancy asked of ptxas (blocks per SM; 0: 2 for blocks of <= 256 threads, else 1).
+// More resident blocks are more rows in work per SM, which is what this latency-bound loop lacks
+// (docs/perf_notes.rst); the cap they put on registers must not make ptxas spill (compile-all check).
+template <int THREADS, int MIN_BLOCKS>
+struct BwdMinBlocks {
+  static constexpr int value = MIN_BLOCKS > 0 ? MIN_BLOCKS : (THREADS <= 256 ? 2 : 1);
+};
+
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS>
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
+                                  (BwdMinBlocks<32 * WARPS * RowsPerBlock<WARPS>::value, MIN_BLOCKS>::value))
 norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
                 float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
@@ -635,9 +675,11 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     Vec<T, VEC> xr[ITEMS], gr[ITEMS];
     read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
     read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
-    __syncthreads();  // stage s is read by every thread: refill it
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, N, zero_centered);
+    // One barrier per row: the reduction's, after which every thread has read stage s (refill it).
+    const float2 sums = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
     if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
-    backward_row<T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, dx, row, row_ok, N, zero_centered);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, sums, dx, row, N, zero_centered);
     row = next;
     mean = next_mean;
     rstd = next_rstd;

@@ -288,6 +288,42 @@ def test_both_kernel_paths(kernel_path, shape, rms):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["zero_centered", "none"])
+@pytest.mark.parametrize("shape", [(37, 1024), (9, 4096), (3, 781)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_backward_weight_forms(kernel_path, weights, shape, rms):
+    """The backward kernels read gamma straight from the weight only when it is given and not
+    zero-centred (PLAIN_W); the other forms (gamma = w + 1, no weight: gamma = 1) take the general
+    path: both against the float64 reference, on both kernel paths."""
+    torch = pytest.importorskip("torch")
+    dtype = "bfloat16"
+    rng, x, w, b = _make("torch", dtype, shape, dtype, ("wforms", kernel_path, weights, shape, rms))
+    w = (w.astype(np.float32) - 1.0).astype(w.dtype)  # zero-centred: the kernel adds the 1 back
+    dy = rand(rng, shape, dtype)
+    X, W, B, DY = (to_backend(a, "torch") for a in (x, w, b, dy))
+    zc = weights == "zero_centered"
+    Wk = W if zc else None
+    eps = 1e-5
+    if rms:
+        _, rstd = fk.rms_norm(X, Wk, eps=eps, zero_centered_gamma=zc, return_stats=True)
+        out = fk.rms_norm_backward(DY, X, Wk, rstd, zero_centered_gamma=zc)
+    else:
+        _, mean, rstd = fk.layer_norm(X, Wk, B if zc else None, eps=eps, zero_centered_gamma=zc,
+                                      return_stats=True)
+        out = fk.layer_norm_backward(DY, X, Wk, mean, rstd, zero_centered_gamma=zc)
+    torch.cuda.synchronize()
+    g = (w.astype(np.float64) + 1.0) if zc else None
+    dx64, dw64, db64 = ref64_backward(dy, x, g, eps, rms)
+    assert_close(out[0], dx64.reshape(shape), dtype, "dx")
+    if zc:
+        assert_rel(out[1], dw64, dtype, "dweight")
+    else:
+        assert out[1] is None
+    if not rms:
+        assert_rel(out[2], db64, dtype, "dbias")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda o: f"offset{o}")
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_misaligned_pointers(offset, rms):

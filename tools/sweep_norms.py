@@ -1,7 +1,9 @@
 """Sweep the norm kernels' launch configs on the GPU: register kernels (warps per row x vectors per
-thread) and staged kernels (the same x shared-memory ring depth).
+thread) and staged kernels (the same x shared-memory ring depth x the occupancy asked of ptxas).
 
-SWEEP_DIRS=bwd limits it to one direction. Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
+SWEEP_DIRS=bwd limits it to one direction; SWEEP_BWD_ROWS=0 leaves the register backward out (sm_90
+runs the staged one). Every candidate is compiled first, in parallel (the kernel cache), and those
+that spill are skipped. Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
 The winners go into fusedkit/backends/cuda_norms.py TUNED / TUNED_STAGED (see docs/perf_notes.rst).
 """
 import json
@@ -15,10 +17,16 @@ from fusedkit.backends import cuda_norms as cn
 from fusedkit.bench import GpuTimer, copy_gbps
 
 RING_BYTES = (16 << 10, 48 << 10)  # staged: ring bytes per block (deeper rings lost in sweep 1554Z)
+BWD_ROWS = os.environ.get("SWEEP_BWD_ROWS", "1") == "1"
+
+
+def min_blocks_choices(threads):
+    """Occupancies asked of ptxas for the staged backward (0: the kernel's default, 2 or 1 block)."""
+    return {128: (0, 4, 6), 256: (0, 3, 4), 512: (0, 2)}.get(threads, (0,))
 
 
 def candidates(N, direction):
-    """Register kernels (warps x vectors per thread) and staged kernels (x ring depth)."""
+    """Register kernels (warps x vectors per thread) and staged kernels (x ring depth x min blocks)."""
     vec = cn.vec_width(N, 2)
     nv = N // vec
     out = []
@@ -29,11 +37,40 @@ def candidates(N, direction):
             if direction == "fwd":
                 out.append(("rows", vec, items, warps))
             elif items <= 4:
-                out.append(("rows", vec, items, warps))
+                if BWD_ROWS:
+                    out.append(("rows", vec, items, warps))
                 group = cn.rows_per_block(warps) * N * 2 * 2
+                threads = 32 * warps * cn.rows_per_block(warps)
                 for st in sorted({max(2, min(cn.MAX_STAGES, b // group)) for b in RING_BYTES}):
-                    out.append(("staged", vec, items, warps, st))
+                    for mb in min_blocks_choices(threads):
+                        out.append(("staged", vec, items, warps, st, mb))
     return out
+
+
+def expr_of(cfg, direction, rms):
+    if direction == "fwd":
+        return cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms, plain_w=True)
+    return cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms, plain_w=True)
+
+
+def _compile(expr):
+    from fusedkit import _jit as j
+    try:
+        j.cached_cubin(cn.FILE, expr, "sm_90a")
+        return None
+    except Exception as e:  # noqa: BLE001 - reported when the sweep reaches it
+        return f"{type(e).__name__} {str(e)[:200]}"
+
+
+def precompile(directions):
+    """Fills the kernel cache for every candidate with a process pool (NVRTC is single-threaded)."""
+    from concurrent.futures import ProcessPoolExecutor
+    exprs = sorted({expr_of(cfg, d, rms) for N in (1024, 4096, 8192, 16384) for d in directions
+                    for rms in (False, True) for cfg in candidates(N, d)})
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        for e, err in zip(exprs, pool.map(_compile, exprs)):
+            if err:
+                print(f"compile failed: {e}: {err}", flush=True)
 
 
 def main(out_path):
@@ -42,6 +79,8 @@ def main(out_path):
     copy = copy_gbps(torch, timer)
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     results = []
+    directions = os.environ.get("SWEEP_DIRS", "fwd,bwd").split(",")
+    precompile(directions)
     for N in (1024, 4096, 8192, 16384):
         M = 2**27 // N
         x = (torch.randn(M, N, device="cuda") * 0.5 - 2.3).bfloat16()
@@ -56,12 +95,12 @@ def main(out_path):
         vec = cn.vec_width(N, 2)
         nv = N // vec
         for rms in (False, True):
-            for direction in os.environ.get("SWEEP_DIRS", "fwd,bwd").split(","):
+            for direction in directions:
                 best = None
                 for cfg in candidates(N, direction):
                     try:
                         if direction == "fwd":
-                            expr = cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms, plain_w=True)
+                            expr = expr_of(cfg, direction, rms)
 
                             def fn():
                                 cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
@@ -70,7 +109,7 @@ def main(out_path):
                                            stream, config=cfg)
                             nbytes = 4 * M * N
                         else:
-                            expr = cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms)
+                            expr = expr_of(cfg, direction, rms)
 
                             def alloc(n):
                                 t = torch.empty(n, device="cuda")
@@ -83,6 +122,10 @@ def main(out_path):
                                             rms, 0, stream, alloc, config=cfg)
                             nbytes = 6 * M * N
                         k = _jit.get_kernel(cn.FILE, expr, 0)
+                        if k.local_size_bytes:
+                            print(f"N={N} {direction} rms={rms} {cfg}: spills ({k.local_size_bytes} B local), "
+                                  "skipped", flush=True)
+                            continue
                         ms = timer.ms(fn, rep=10, min_time_ms=30)
                     except Exception as e:  # noqa: BLE001
                         print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")

@@ -60,6 +60,39 @@ __device__ __forceinline__ float2 row_sum2(float a, float b) {
   }
 }
 
+// row_sum2 with one block barrier instead of two, for a loop that calls it once per iteration: the
+// partial sums alternate between two shared buffers (`flip`: the iteration's parity), so no barrier has
+// to guard the previous call's readers (a thread writes buffer b again only after the barrier of the
+// call in between, which every reader of b reached after reading it). With BLOCK_SYNC the barrier is
+// kept for WARPS == 1 too: on return the whole block has passed one barrier, so shared memory that
+// every thread read before the call may be refilled.
+template <int WARPS, bool BLOCK_SYNC>
+__device__ __forceinline__ float2 row_sum2_alternating(float a, float b, int flip) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+  }
+  if constexpr (WARPS == 1) {
+    if constexpr (BLOCK_SYNC) __syncthreads();
+    return make_float2(a, b);
+  } else {
+    __shared__ float2 partial2x2[2][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int base = threadIdx.y * WARPS;
+    if (lane == 0) partial2x2[flip][base + warp] = make_float2(a, b);
+    __syncthreads();
+    float2 s = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) {
+      const float2 t = partial2x2[flip][base + i];
+      s.x += t.x;
+      s.y += t.y;
+    }
+    return s;
+  }
+}
+
 // Chan's merge of two (count, mean, M2) Welford states: numerically stable variance in one pass.
 struct Welford {
   float n, mean, m2;

@@ -39,14 +39,15 @@ TUNED: dict = {
 }
 
 # The staged backward (sm_90: rows through a ring of shared-memory stages filled by bulk copies), tuned
-# (items, warps, stages) per (op, N, itemsize); used on sm_90 for every shape it applies to (rule in
+# (items, warps, stages, min_blocks) per (op, N, itemsize) (min_blocks: the occupancy asked of ptxas,
+# 0 = the kernel's default); used on sm_90 for every shape it applies to (rule in
 # _staged_config). A staged forward was measured too and lost to the register kernel at every swept
 # shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
 TUNED_STAGED: dict = {
-    ("ln", 1024, 2): (2, 2, 2), ("ln", 4096, 2): (2, 8, 2), ("ln", 8192, 2): (2, 16, 2),
-    ("ln", 16384, 2): (4, 16, 2),
-    ("rms", 1024, 2): (4, 1, 2), ("rms", 4096, 2): (2, 8, 2), ("rms", 8192, 2): (2, 16, 2),
-    ("rms", 16384, 2): (4, 16, 2),
+    ("ln", 1024, 2): (2, 2, 2, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 2, 0),
+    ("ln", 16384, 2): (4, 16, 2, 0),
+    ("rms", 1024, 2): (4, 1, 2, 0), ("rms", 4096, 2): (2, 8, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
+    ("rms", 16384, 2): (4, 16, 2, 0),
 }
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
@@ -84,7 +85,7 @@ def _staged_config(N, itemsize, rms):
     _, _, items, warps = cfg
     group_bytes = rows_per_block(warps) * N * itemsize * 2
     stages = max(2, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
-    return ("staged", vec, items, warps, stages)
+    return ("staged", vec, items, warps, stages, 0)
 
 
 def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
@@ -94,7 +95,7 @@ def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
 
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
-    """Launch config of the backward: ("staged", vec, items, warps, stages) when `staged` is allowed
+    """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks) when `staged` is allowed
     (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items, warps) or ("looped",
     vec)."""
     cfg = _staged_config(N, itemsize, rms) if staged and max_vec >= 16 // itemsize else None
@@ -133,11 +134,14 @@ def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w) -> str:
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
-def bwd_expr(cfg, x_dt, w_dt, rms) -> str:
+def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
+    """plain_w: weights given and gamma not zero-centred (the backward reads gamma without defaults)."""
     if cfg[0] in ("rows", "staged"):
         vec, items, warps = cfg[1:4]
-        name = "norm_bwd" if cfg[0] == "rows" else "norm_bwd_staged"
-        return f"fk::{name}<{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}>"
+        head = f"{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}, {_b(plain_w)}"
+        if cfg[0] == "rows":
+            return f"fk::norm_bwd<{head}>"
+        return f"fk::norm_bwd_staged<{head}, {cfg[5]}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -261,15 +265,15 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
 _bwd_plans: dict = {}
 
 
-def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16):
+def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
     """Everything about a backward launch that does not depend on M (cached per shape and dtypes)."""
-    key = (N, x_dt, w_dt, rms, device, config, max_vec)
+    key = (N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
     plan = _bwd_plans.get(key)
     if plan is not None:
         return plan
     itemsize = ITEMSIZE[x_dt]
     cfg = config or bwd_config(N, itemsize, rms, _staged_ok(device), max_vec)
-    expr = bwd_expr(cfg, x_dt, w_dt, rms)
+    expr = bwd_expr(cfg, x_dt, w_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     extra = ()
     if cfg[0] in ("rows", "staged"):
@@ -304,12 +308,13 @@ def _bwd_blocks(M, rpb, fit) -> int:
 
 def bwd_partial_rows(M, N, x_dt, w_dt, rms, device, config=None) -> int:
     """P: backward scratch is one (P, N) fp32 buffer for dweight and one for dbias (LayerNorm); the
-    larger of the aligned (staged) and unaligned plans, for callers that size it before the pointers
-    are known."""
+    largest over the aligned (staged) and unaligned plans and both weight forms, for callers that size
+    it before the pointers are known."""
     p = 0
     for max_vec in (16, 1):
-        _, _, _, rpb, fit, _, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec)
-        p = max(p, _bwd_blocks(M, rpb, fit) * rpb)
+        for plain_w in (False, True):
+            _, _, _, rpb, fit, _, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
+            p = max(p, _bwd_blocks(M, rpb, fit) * rpb)
     return p
 
 
@@ -321,7 +326,8 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     """
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((dy, s), (x, s), (dx, s), (w, ws)))
-    fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec)
+    plain_w = bool(w) and not zero_centered
+    fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
     nblocks = _bwd_blocks(M, rpb, fit)
     P = nblocks * rpb
     keep = []
@@ -359,5 +365,7 @@ def all_expressions():
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms, plain_w=plain_w))
                     for staged in (False, True):
-                        exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms))
+                        for plain_w in (False, True):
+                            exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms,
+                                                     plain_w=plain_w))
     return {f: sorted(e) for f, e in exprs.items()}
