@@ -474,13 +474,19 @@ struct Accumulators {
   }
 };
 
-// gamma of vector v in fp32 for the backward: with PLAIN_W (weights given, gamma not zero-centred; a
-// kernel template flag chosen by the host) straight from the weight's vector load, else load_gamma
-// with its defaults and the + 1.
-template <bool PLAIN_W, typename W, int VEC>
-__device__ __forceinline__ void bwd_gamma(const W* __restrict__ w, int v, int zero_centered, float (&g)[VEC]) {
+// gamma of vector i (columns v * VEC ...) in fp32 for the backward. PLAIN_W (weights given, gamma not
+// zero-centred; a kernel template flag chosen by the host): from gw, the thread's weight vectors loaded
+// once per block into registers (bwd_load_weights), so no row reloads them through L1 / L2; else
+// load_gamma with its defaults and the + 1. FK_BWD_GAMMA_REGS=0 (an A/B experiment, see
+// tools/sweep_norms.py) reloads the PLAIN_W vectors per row instead.
+#ifndef FK_BWD_GAMMA_REGS
+#define FK_BWD_GAMMA_REGS 1
+#endif
+template <bool PLAIN_W, typename W, int VEC, int ITEMS>
+__device__ __forceinline__ void bwd_gamma(const Vec<W, VEC> (&gw)[ITEMS], int i, const W* __restrict__ w, int v,
+                                          int zero_centered, float (&g)[VEC]) {
   if constexpr (PLAIN_W) {
-    const Vec<W, VEC> t = load_vec<W, VEC>(w + (long long)v * VEC);
+    const Vec<W, VEC> t = FK_BWD_GAMMA_REGS ? gw[i] : load_vec<W, VEC>(w + (long long)v * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) g[j] = vec_elem(t, j);
   } else {
@@ -488,18 +494,35 @@ __device__ __forceinline__ void bwd_gamma(const W* __restrict__ w, int v, int ze
   }
 }
 
+template <bool PLAIN_W, typename W, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void bwd_load_weights(Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w, int N) {
+  if constexpr (PLAIN_W && FK_BWD_GAMMA_REGS) {
+    const int nvec = N / VEC;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * T_ROW;
+      if (v < nvec) {
+        gw[i] = load_vec<W, VEC>(w + (long long)v * VEC);
+      } else {
+        vec_zero(gw[i]);
+      }
+    }
+  }
+}
+
 // The backward of one row held in registers (xr = x, gr = dy), in two halves around the row reduction:
 //   backward_sums: accumulates dweight += dy * xhat and dbias += dy for the thread's columns and returns
 //     its part of (sum g*dy*xhat, sum g*dy);
 //   backward_dx: dx = rstd * (g*dy - xhat*c1 - c2) (c1, c2: the row sums over N; c2 = 0 for RMS),
-//     written as fma(g*dy, rstd, fma(x - mean, -rstd^2 c1, -rstd c2)): per element one unpack of x, dy and
-//     gamma each, a subtraction, a multiply, two FMAs.
+//     written as rstd * fma(x - mean, -rstd c1, g*dy - c2): per element an unpack of x, dy and gamma
+//     each, a subtraction, a multiply, a subtraction (LayerNorm), an FMA and a multiply. (Distributing
+//     rstd into the terms saves one more but loses exact zeros: N = 1 gave |dx| ~ 1e-5 instead of 0.)
 // The kernels put the reduction between them (row_sum2_alternating: one block barrier per row, which
 // also frees the row's shared-memory stage in the staged kernel).
 template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
 __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                                const W* __restrict__ w, float mean, float rstd, Acc& acc,
-                                                int N, int zero_centered) {
+                                                const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                                float mean, float rstd, Acc& acc, int N, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   float s_gdx = 0.f, s_gd = 0.f;  // sum g*dy*xhat, sum g*dy
@@ -508,7 +531,7 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC], d[VEC], dxh[VEC];
-      bwd_gamma<PLAIN_W, W, VEC>(w, v, zero_centered, g);
+      bwd_gamma<PLAIN_W, W, VEC, ITEMS>(gw, i, w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
@@ -526,25 +549,27 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
 
 template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                            const W* __restrict__ w, float mean, float rstd, float2 sums,
-                                            T* __restrict__ dx, long long row, int N, int zero_centered) {
+                                            const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                            float mean, float rstd, float2 sums, T* __restrict__ dx,
+                                            long long row, int N, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
   const float c1 = sums.x * inv_n, c2 = RMS ? 0.f : sums.y * inv_n;
-  const float b1 = -rstd * rstd * c1, b0 = -rstd * c2;
+  const float k1 = -rstd * c1;
   const long long base = row * (long long)N;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC];
-      bwd_gamma<PLAIN_W, W, VEC>(w, v, zero_centered, g);
+      bwd_gamma<PLAIN_W, W, VEC, ITEMS>(gw, i, w, v, zero_centered, g);
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xm = vec_elem(xr[i], j) - mean;
-        out.v[j] = from_float<T>(fmaf(vec_elem(gr[i], j) * g[j], rstd, fmaf(xm, b1, b0)));
+        const float gd = vec_elem(gr[i], j) * g[j];
+        out.v[j] = from_float<T>(rstd * fmaf(xm, k1, RMS ? gd : gd - c2));
       }
       store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
     }
@@ -565,6 +590,8 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
   acc.db_s = dyn_smem + threadIdx.y * N;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
+  Vec<W, VEC> gw[ITEMS];
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, w, N);
   int flip = 0;
   for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += (long long)gridDim.x * RPB, flip ^= 1) {
     const long long row = row0 + threadIdx.y;
@@ -584,9 +611,9 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
     }
     const float mean = (RMS || !row_ok) ? 0.f : mean_in[row];
     const float rstd = row_ok ? rstd_in[row] : 0.f;
-    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, N, zero_centered);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
     const float2 sums = row_sum2_alternating<WARPS, false>(part.x, part.y, flip);
-    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, sums, dx, row, N, zero_centered);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
   }
   acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
 }
@@ -655,6 +682,8 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
   const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
+  Vec<W, VEC> gw[ITEMS];
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, w, N);
   if (producer) ring.init();
   __syncthreads();
   if (producer)
@@ -675,11 +704,11 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     Vec<T, VEC> xr[ITEMS], gr[ITEMS];
     read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
     read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
-    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, acc, N, zero_centered);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
     // One barrier per row: the reduction's, after which every thread has read stage s (refill it).
     const float2 sums = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
     if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
-    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, w, mean, rstd, sums, dx, row, N, zero_centered);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
     row = next;
     mean = next_mean;
     rstd = next_rstd;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
+#   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
 #   NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES steer the profile stage; GEMM_SANITIZE=0 skips
@@ -81,6 +81,13 @@ if has profile; then  # Nsight Compute on the kernels below target (tools/profil
   echo "ncu rc=$?" >> "$OUT/ncu.txt"
 fi
 if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
+if has sweepab; then  # A/B of a compile-time experiment on the shipped norm configs: EXP_OPTIONS (NVRTC defines) vs default
+  for ab in base exp; do
+    opts=""; [ $ab = exp ] && opts="${EXP_OPTIONS:-}"
+    SWEEP_TUNED_ONLY=1 FUSEDKIT_NVRTC_OPTIONS="$opts" FUSEDKIT_CACHE_DIR=/tmp/fkcache_$ab timeout $(left 120) \
+      python3 tools/sweep_norms.py "$OUT/sweep_ab_$ab.json" > "$OUT/sweep_ab_$ab.log" 2>&1; echo "sweepab $ab rc=$?" >> "$OUT/sweep_ab_$ab.log"
+  done
+fi
 if has softsweep; then timeout $(left 200) python3 tools/sweep_softmax.py "$OUT/sweep_softmax.json" > "$OUT/sweep_softmax.log" 2>&1; echo "softsweep rc=$?" >> "$OUT/sweep_softmax.log"; fi
 if has cesweep; then timeout $(left 200) python3 tools/sweep_cross_entropy.py "$OUT/sweep_ce.json" > "$OUT/sweep_ce.log" 2>&1; echo "cesweep rc=$?" >> "$OUT/sweep_ce.log"; fi
 if has gemmsweep; then timeout $(left 200) python3 tools/sweep_gemm.py "$OUT/sweep_gemm.json" > "$OUT/sweep_gemm.log" 2>&1; echo "gemmsweep rc=$?" >> "$OUT/sweep_gemm.log"; fi
@@ -122,6 +129,7 @@ cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
 for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log" 2>/dev/null | tail -12; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
+for ab in base exp; do grep -E "^N=|rc=" "$L/sweep_ab_$ab.log" 2>/dev/null | sed "s/^/$ab /"; done
 grep -E "BEST|rc=" "$L/sweep_act.log" "$L/sweep_softmax.log" "$L/sweep_ce.log" "$L/sweep_gemm.log" "$L/sweep_fp8_grid.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null
