@@ -516,7 +516,8 @@ __device__ __forceinline__ void bwd_load_weights(Vec<W, VEC> (&gw)[ITEMS], const
 //   backward_dx: dx = rstd * (g*dy - xhat*c1 - c2) (c1, c2: the row sums over N; c2 = 0 for RMS),
 //     written as rstd * fma(x - mean, -rstd c1, g*dy - c2): per element an unpack of x, dy and gamma
 //     each, a subtraction, a multiply, a subtraction (LayerNorm), an FMA and a multiply. (Distributing
-//     rstd into the terms saves one more but loses exact zeros: N = 1 gave |dx| ~ 1e-5 instead of 0.)
+//     rstd into the terms saves one more but loses exact zeros: N = 1 gave |dx| ~ 1e-5 instead of 0; so
+//     does an FMA-contracted g*dy - c2, hence __fmul_rn for g*dy in both halves.)
 // The kernels put the reduction between them (row_sum2_alternating: one block barrier per row, which
 // also frees the row's shared-memory stage in the staged kernel).
 template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
@@ -536,7 +537,7 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
         d[j] = vec_elem(gr[i], j);
-        const float gd = d[j] * g[j];
+        const float gd = __fmul_rn(d[j], g[j]);  // rounded as backward_dx rounds it (exact dx = 0 at N = 1)
         s_gdx += gd * xhat;
         s_gd += gd;
         dxh[j] = d[j] * xhat;
@@ -568,7 +569,7 @@ __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], cons
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xm = vec_elem(xr[i], j) - mean;
-        const float gd = vec_elem(gr[i], j) * g[j];
+        const float gd = __fmul_rn(vec_elem(gr[i], j), g[j]);  // as in backward_sums: not contracted
         out.v[j] = from_float<T>(rstd * fmaf(xm, k1, RMS ? gd : gd - c2));
       }
       store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
