@@ -8,7 +8,8 @@
 // Blocks are 128 threads or more: RPB = 4 / WARPS rows per block when a row takes fewer than 4 warps.
 // The row stays in registers as raw storage (one buffer, plain loads); load latency is hidden by the
 // many resident blocks. LayerNorm takes exact two-pass statistics from registers: mean, then
-// sum((x - mean)^2), each one row_sum (shuffles, plus one shared-memory round when WARPS > 1).
+// sum((x - mean)^2), each one row sum (shuffles, plus, when WARPS > 1, one shared-memory round with a
+// single barrier: row_sum_alternating).
 // Bytes: read x (+ residual) and the weights (cached), write y (+ x + residual) and 8 bytes of
 // statistics per row: 4MN for 2-byte x and y.
 //
@@ -202,7 +203,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
                                               const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                               typename OUT::State& st, float* __restrict__ mean_out,
                                               float* __restrict__ rstd_out, long long row, bool row_ok, int N,
-                                              float eps, int zero_centered) {
+                                              float eps, int zero_centered, int& parity) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
@@ -215,7 +216,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
-    mean = row_sum<WARPS>(s) * inv_n;
+    mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
   }
   float ss = 0.f;
 #pragma unroll
@@ -228,7 +229,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
       }
     }
   }
-  const float rstd = rsqrtf(row_sum<WARPS>(ss) * inv_n + eps);
+  const float rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   if (!row_ok) return;
   if (threadIdx.x == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;
@@ -250,8 +251,9 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
   Vec<T, VEC> a[ITEMS];
   load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
   typename PlainOut<O>::State st;
+  int parity = 0;
   normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
-                                                           eps, zero_centered);
+                                                           eps, zero_centered, parity);
 }
 
 // Occupancy hint of the FP8 forward. The FP8 cast and the amax take a few registers more than the plain
@@ -291,12 +293,13 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   // block instead of once per row group (the barrier, the L2 read and the atomic at the end of every
   // block cost a block's slot about a microsecond each time).
   const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
+  int parity = 0;  // of the row sums' shared buffers, carried across row groups
   for (int g = blockIdx.x; g < groups; g += gridDim.x) {
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
     load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
     normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
-                                                           eps, zero_centered);
+                                                           eps, zero_centered, parity);
   }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
 }

@@ -60,6 +60,29 @@ __device__ __forceinline__ float2 row_sum2(float a, float b) {
   }
 }
 
+// row_sum with one block barrier: the partial sums alternate between two shared buffers by `parity`,
+// which the call flips, so consecutive calls (within a row or across the rows of a loop) never write
+// the buffer the previous call's readers may still read (same argument as row_sum2_alternating
+// below). Every thread of the block calls it with the same parity; WARPS == 1 has no barrier.
+template <int WARPS>
+__device__ __forceinline__ float row_sum_alternating(float v, int& parity) {
+  v = warp_sum(v);
+  if constexpr (WARPS == 1) {
+    return v;
+  } else {
+    __shared__ float partial_x2[2][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int base = threadIdx.y * WARPS;
+    if (lane == 0) partial_x2[parity][base + warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) s += partial_x2[parity][base + i];
+    parity ^= 1;
+    return s;
+  }
+}
+
 // row_sum2 with one block barrier instead of two, for a loop that calls it once per iteration: the
 // partial sums alternate between two shared buffers (`flip`: the iteration's parity), so no barrier has
 // to guard the previous call's readers (a thread writes buffer b again only after the barrier of the
