@@ -480,18 +480,14 @@ struct Accumulators {
 // gamma of vector i (columns v * VEC ...) in fp32 for the backward. PLAIN_W (weights given, gamma not
 // zero-centred; a kernel template flag chosen by the host): from gw, the thread's weight vectors loaded
 // once per block into registers (bwd_load_weights), so no row reloads them through L1 / L2; else
-// load_gamma with its defaults and the + 1. FK_BWD_GAMMA_REGS=0 (an A/B experiment, see
-// tools/sweep_norms.py) reloads the PLAIN_W vectors per row instead.
-#ifndef FK_BWD_GAMMA_REGS
-#define FK_BWD_GAMMA_REGS 1
-#endif
+// load_gamma with its defaults and the + 1. (Reloading the PLAIN_W vectors per row instead was 1.5-9 %
+// slower at every benchmark shape: A/B of 2026-12-03, docs/perf_notes.rst.)
 template <bool PLAIN_W, typename W, int VEC, int ITEMS>
 __device__ __forceinline__ void bwd_gamma(const Vec<W, VEC> (&gw)[ITEMS], int i, const W* __restrict__ w, int v,
                                           int zero_centered, float (&g)[VEC]) {
   if constexpr (PLAIN_W) {
-    const Vec<W, VEC> t = FK_BWD_GAMMA_REGS ? gw[i] : load_vec<W, VEC>(w + (long long)v * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) g[j] = vec_elem(t, j);
+    for (int j = 0; j < VEC; ++j) g[j] = vec_elem(gw[i], j);
   } else {
     load_gamma<W, VEC>(w, v, zero_centered, g);
   }
@@ -499,7 +495,7 @@ __device__ __forceinline__ void bwd_gamma(const Vec<W, VEC> (&gw)[ITEMS], int i,
 
 template <bool PLAIN_W, typename W, int VEC, int ITEMS, int T_ROW>
 __device__ __forceinline__ void bwd_load_weights(Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w, int N) {
-  if constexpr (PLAIN_W && FK_BWD_GAMMA_REGS) {
+  if constexpr (PLAIN_W) {
     const int nvec = N / VEC;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
