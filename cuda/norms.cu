@@ -40,7 +40,7 @@
 //   norm_bwd_staged (sm_90): x and dy of the next groups of rows arrive by bulk copies into a ring of
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
-//     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (tuned per shape).
+//     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (swept; 0 = default wins).
 //   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
 //   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
 // Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).

@@ -33,37 +33,11 @@ __device__ __forceinline__ float row_sum(float v) {
   }
 }
 
-// Sums of two values at once (one round of barriers instead of two).
-template <int WARPS>
-__device__ __forceinline__ float2 row_sum2(float a, float b) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, off);
-    b += __shfl_xor_sync(0xffffffffu, b, off);
-  }
-  if constexpr (WARPS == 1) {
-    return make_float2(a, b);
-  } else {
-    __shared__ float2 partial2[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int base = threadIdx.y * WARPS;
-    __syncthreads();
-    if (lane == 0) partial2[base + warp] = make_float2(a, b);
-    __syncthreads();
-    float2 s = make_float2(0.f, 0.f);
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) {
-      s.x += partial2[base + i].x;
-      s.y += partial2[base + i].y;
-    }
-    return s;
-  }
-}
-
 // row_sum with one block barrier: the partial sums alternate between two shared buffers by `parity`,
 // which the call flips, so consecutive calls (within a row or across the rows of a loop) never write
 // the buffer the previous call's readers may still read (same argument as row_sum2_alternating
 // below). Every thread of the block calls it with the same parity; WARPS == 1 has no barrier.
+// (row_sum, with a barrier before and after its shared-memory round, is what softmax.cu still uses.)
 template <int WARPS>
 __device__ __forceinline__ float row_sum_alternating(float v, int& parity) {
   v = warp_sum(v);
@@ -83,7 +57,7 @@ __device__ __forceinline__ float row_sum_alternating(float v, int& parity) {
   }
 }
 
-// row_sum2 with one block barrier instead of two, for a loop that calls it once per iteration: the
+// Sums of two values over the row with one block barrier, for a loop that calls it once per iteration: the
 // partial sums alternate between two shared buffers (`flip`: the iteration's parity), so no barrier has
 // to guard the previous call's readers (a thread writes buffer b again only after the barrier of the
 // call in between, which every reader of b reached after reading it). With BLOCK_SYNC the barrier is
