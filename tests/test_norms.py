@@ -370,3 +370,25 @@ def test_forward_kernels_are_registered(rms):
     assert cn.plain_weights(w, 0, rms, False) == rms  # LayerNorm without bias needs the default beta
     assert not cn.plain_weights(0, b, rms, False)
     assert not cn.plain_weights(w, b, rms, True)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_backward_kernels_are_registered(rms):
+    """CPU: every backward kernel the dispatch asks for (staged and register rows, PLAIN_W on and off)
+    is in the compile-all registry; the tuned staged configs carry all six fields and their shared
+    memory (ring + dbias rows) fits one Hopper block (227 KB)."""
+    from fusedkit.backends import cuda_norms as cn
+    exprs = set(cn.all_expressions()[cn.FILE])
+    for x_dt in DTYPES:
+        s = 4 if x_dt == "float32" else 2
+        for N in (1, 7, 781, 1024, 4096, 8192, 16384, 65536):
+            for staged in (False, True):
+                cfg = cn.bwd_config(N, s, rms, staged)
+                for plain_w in (False, True):
+                    assert cn.bwd_expr(cfg, x_dt, x_dt, rms, plain_w=plain_w) in exprs
+                if cfg[0] == "staged":
+                    assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
+                    assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
+    for (op, N, s), t in cn.TUNED_STAGED.items():
+        if (op == "rms") == rms:
+            assert cn.bwd_config(N, s, rms, staged=True) == ("staged", cn.vec_width(N, s)) + tuple(t)
