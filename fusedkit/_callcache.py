@@ -203,7 +203,7 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
     if key in _plans:
         return
     from .backends import cuda_norms
-    plain_w = weight is not None and not zero_centered  # as cuda_norms.backward decides
+    plain_w = cuda_norms.bwd_plain_weights(weight is not None, zero_centered)
     fn, block, smem, rpb, fit, colsum, extra = cuda_norms._bwd_plan(N, x_dt, w_dt, rms, device, None, 16, plain_w)
     nblocks = cuda_norms._bwd_blocks(M, rpb, fit)
     if kind == "cupy":

@@ -389,6 +389,8 @@ def test_backward_kernels_are_registered(rms):
                 if cfg[0] == "staged":
                     assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
                     assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
+    assert cn.bwd_plain_weights(0x1000, False) and not cn.bwd_plain_weights(0x1000, True)
+    assert not cn.bwd_plain_weights(0, False)
     for (op, N, s), t in cn.TUNED_STAGED.items():
         if (op == "rms") == rms:
             assert cn.bwd_config(N, s, rms, staged=True) == ("staged", cn.vec_width(N, s)) + tuple(t)

@@ -116,6 +116,12 @@ def plain_weights(w, b, rms, zero_centered) -> bool:
     return bool(w) and (rms or bool(b)) and not zero_centered
 
 
+def bwd_plain_weights(has_w, zero_centered) -> bool:
+    """The backward's PLAIN_W flag: a weight is given and gamma is not zero-centred (the bias plays no
+    part in the backward)."""
+    return bool(has_w) and not zero_centered
+
+
 def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
@@ -326,7 +332,7 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     """
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((dy, s), (x, s), (dx, s), (w, ws)))
-    plain_w = bool(w) and not zero_centered
+    plain_w = bwd_plain_weights(w, zero_centered)
     fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
     nblocks = _bwd_blocks(M, rpb, fit)
     P = nblocks * rpb
