@@ -137,14 +137,6 @@ __device__ __forceinline__ void ce_write_loss(float* __restrict__ loss, float* _
   if (lse_out != nullptr) lse_out[row] = lse;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> zero_vec() {
-  Vec<T, VEC> o;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(0.f);
-  return o;
-}
-
 // What the fused kernels need for the gradient of a valid row, from its merged statistics:
 //   dx_j = cs 2^(fma(x_j, log2 e, -key)) - cbase - [j == t] tgt,  cs = coef / s
 // (the keyed sum s of common/online_softmax.cuh, so p_j = 2^(...) / s): an FFMA, an exponential and an
@@ -184,7 +176,9 @@ __device__ __forceinline__ void ce_store_zero(T* p) {
   if constexpr (VEC * sizeof(T) == 16) {
     st_global_v4(p, 0u, 0u, 0u, 0u);
   } else {
-    store_vec<T, VEC>(p, zero_vec<T, VEC>());
+    Vec<T, VEC> z;
+    vec_zero(z);
+    store_vec<T, VEC>(p, z);
   }
 }
 
@@ -234,7 +228,11 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + (int)threadIdx.x + i * T_ROW;
-    raw[i] = (r.valid && v < vend) ? load_vec<T, VEC>(logits + base + (long long)v * VEC) : zero_vec<T, VEC>();
+    if (r.valid && v < vend) {
+      raw[i] = load_vec<T, VEC>(logits + base + (long long)v * VEC);
+    } else {
+      vec_zero(raw[i]);
+    }
   }
   // x_0 (reference for the smoothing sum) by every thread, the target logit by the leader.
   const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
@@ -259,7 +257,8 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
       }
     }
   }
-  LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt});
+  int parity = 0;  // one reduction per row slot
+  LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt}, parity);
   if constexpr (CLUSTER > 1) {
     st = cluster_merge<CLUSTER>(st, slot);
     cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
@@ -358,6 +357,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   }
   __syncthreads();  // the barriers' init is visible
   unsigned phases = 0;  // bit b: parity of buffer b's next fill
+  int merge_parity = 0;  // row_merge's shared buffer, alternating by row
   int b = 0;
   for (long long row = row0; row < M; row += G, b = (b + 1) % BUFFERS) {
     // the other buffer's last reader finished the previous row
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     const long long tl = r.t - (long long)v0 * VEC;
     const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
     const float xt = owner ? to_float(reinterpret_cast<const T*>(stage)[tl]) : 0.f;
-    LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f});
+    LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f}, merge_parity);
     if constexpr (CLUSTER > 1) st = cluster_merge<CLUSTER>(st, &slots[(row / G) & 1]);
     if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
     if (grad != nullptr) {
@@ -459,7 +459,8 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
       }
     }
   }
-  const LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt});
+  int parity = 0;
+  const LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt}, parity);
   if (threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
   const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
@@ -499,7 +500,7 @@ ce_bwd(const float* __restrict__ grad_loss, const T* logits, const void* __restr
         const Vec<T, VEC> x = load_vec<T, VEC>(logits + base + (long long)v * VEC);
         o = ce_grad_vec<T, VEC>(x, (long long)v * VEC, r.t, lse, 0.f, coef, cbase, tgt);
       } else {
-        o = zero_vec<T, VEC>();
+        vec_zero(o);
       }
       store_vec<T, VEC>(grad + base + (long long)v * VEC, o);
     }

@@ -332,7 +332,8 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
       for (int j = 0; j < VEC; ++j)
         s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
 
-  MaxSum st = row_merge<WARPS>(MaxSum{k, s});
+  int parity = 0;  // one reduction per row slot
+  MaxSum st = row_merge<WARPS>(MaxSum{k, s}, parity);
   if constexpr (CLUSTER > 1) {
     st = cluster_merge<CLUSTER>(st, slot);
     cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
@@ -433,7 +434,8 @@ softmax_fwd_looped(FK_SOFTMAX_FWD_PARAMS) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[0], j, bits, j, c, k_loc));
   }
-  const MaxSum st = row_merge<WARPS>(MaxSum{k, s});
+  int parity = 0;
+  const MaxSum st = row_merge<WARPS>(MaxSum{k, s}, parity);
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float log2_s = LOG ? log2f(st.s) : 0.f;
@@ -482,7 +484,8 @@ __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const 
   for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) d += bwd_term<LOG>(elem_float<T, VEC>(yr[i], j), elem_float<T, VEC>(gr[i], j));
-  d = row_sum<WARPS>(d);
+  int parity = 0;
+  d = row_sum_alternating<WARPS>(d, parity);
   if constexpr (CLUSTER > 1) {
     d = cluster_sum<CLUSTER>(d, slot);
     cluster_arrive();
@@ -536,7 +539,8 @@ softmax_bwd_looped(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
 #pragma unroll
     for (int j = 0; j < VEC; ++j) d += bwd_term<LOG>(to_float(yv.v[j]), to_float(gv.v[j]));
   }
-  d = row_sum<WARPS>(d);
+  int parity = 0;
+  d = row_sum_alternating<WARPS>(d, parity);
   for (int v = threadIdx.x; v < nvec; v += kSoftmaxLoopedThreads) {
     const Vec<T, VEC> yv = load_vec<T, VEC>(y + base + (long long)v * VEC);
     const Vec<T, VEC> gv = load_vec<T, VEC>(dy + base + (long long)v * VEC);

@@ -19,6 +19,11 @@ from fusedkit.bench import GpuTimer, copy_gbps
 RING_BYTES = (16 << 10, 48 << 10)  # staged: ring bytes per block (deeper rings lost in sweep 1554Z)
 BWD_ROWS = os.environ.get("SWEEP_BWD_ROWS", "1") == "1"
 TUNED_ONLY = os.environ.get("SWEEP_TUNED_ONLY", "0") == "1"  # just the shipped config (A/B runs)
+SWEEP_NS = tuple(int(n) for n in os.environ.get("SWEEP_NS", "1024,4096,8192,16384").split(","))
+# 32 warps (1024-thread blocks, at most 64 registers: most LayerNorm backwards spill) and extra ring
+# depths (e.g. "3": 192 KB at N = 16384) are opt-in
+MAX_WARPS = int(os.environ.get("SWEEP_MAX_WARPS", "16"))
+EXTRA_STAGES = tuple(int(s) for s in os.environ.get("SWEEP_STAGES", "").split(",") if s)
 
 
 def min_blocks_choices(threads):
@@ -35,16 +40,17 @@ def candidates(N, direction, rms):
     out = []
     for warps in (1, 2, 4, 8, 16, 32):
         for items in (1, 2, 4, 8, 16):
-            if not (32 * warps * items >= nv > 32 * warps * items // 2) or warps > 16:
+            if not (32 * warps * items >= nv > 32 * warps * items // 2) or warps > MAX_WARPS:
                 continue
             if direction == "fwd":
                 out.append(("rows", vec, items, warps))
             elif items <= 4:
-                if BWD_ROWS:
+                if BWD_ROWS and warps <= 16:
                     out.append(("rows", vec, items, warps))
                 group = cn.rows_per_block(warps) * N * 2 * 2
                 threads = 32 * warps * cn.rows_per_block(warps)
-                for st in sorted({max(2, min(cn.MAX_STAGES, b // group)) for b in RING_BYTES}):
+                depths = {max(2, min(cn.MAX_STAGES, b // group)) for b in RING_BYTES} | set(EXTRA_STAGES)
+                for st in sorted(depths):
                     for mb in min_blocks_choices(threads):
                         out.append(("staged", vec, items, warps, st, mb))
     return out
@@ -68,7 +74,7 @@ def _compile(expr):
 def precompile(directions):
     """Fills the kernel cache for every candidate with a process pool (NVRTC is single-threaded)."""
     from concurrent.futures import ProcessPoolExecutor
-    exprs = sorted({expr_of(cfg, d, rms) for N in (1024, 4096, 8192, 16384) for d in directions
+    exprs = sorted({expr_of(cfg, d, rms) for N in SWEEP_NS for d in directions
                     for rms in (False, True) for cfg in candidates(N, d, rms)})
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
         for e, err in zip(exprs, pool.map(_compile, exprs)):
@@ -84,7 +90,7 @@ def main(out_path):
     results = []
     directions = os.environ.get("SWEEP_DIRS", "fwd,bwd").split(",")
     precompile(directions)
-    for N in (1024, 4096, 8192, 16384):
+    for N in SWEEP_NS:
         M = 2**27 // N
         x = (torch.randn(M, N, device="cuda") * 0.5 - 2.3).bfloat16()
         dy = torch.randn(M, N, device="cuda").bfloat16()

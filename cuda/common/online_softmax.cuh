@@ -140,23 +140,25 @@ __device__ __forceinline__ S warp_merge(S v) {
   return v;
 }
 
-// Merge over the 32 * WARPS threads of this thread's row (layout of row_sum in reduce.cuh: blockDim.x =
-// 32 * WARPS threads own one row, threadIdx.y picks the row in the block). With WARPS > 1 every thread
-// of the block must call it (barriers). The cross-warp step is a butterfly over WARPS lanes, so it costs
+// Merge over the 32 * WARPS threads of this thread's row (layout of row_sum_alternating in reduce.cuh:
+// blockDim.x = 32 * WARPS threads own one row, threadIdx.y picks the row in the block). With WARPS > 1
+// every thread of the block must call it, with the same `parity`, which the call flips: the partials
+// alternate between two shared buffers, so one block barrier per call suffices, in a loop too (the
+// argument of row_sum_alternating). The cross-warp step is a butterfly over WARPS lanes, so it costs
 // log2(WARPS) merges, not WARPS - 1.
 template <int WARPS, typename S>
-__device__ __forceinline__ S row_merge(S v) {
+__device__ __forceinline__ S row_merge(S v, int& parity) {
   v = warp_merge<32>(v);
   if constexpr (WARPS == 1) {
     return v;
   } else {
-    __shared__ float4 partial[32];
+    __shared__ float4 partial_x2[2][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int base = threadIdx.y * WARPS;
-    __syncthreads();  // the previous call's readers are done with partial
-    if (lane == 0) partial[base + warp] = StatsOps<S>::pack(v);
+    if (lane == 0) partial_x2[parity][base + warp] = StatsOps<S>::pack(v);
     __syncthreads();
-    S r = lane < WARPS ? StatsOps<S>::unpack(partial[base + lane]) : StatsOps<S>::identity();
+    S r = lane < WARPS ? StatsOps<S>::unpack(partial_x2[parity][base + lane]) : StatsOps<S>::identity();
+    parity ^= 1;
     r = warp_merge<WARPS>(r);
     return StatsOps<S>::shfl(r, 0);
   }

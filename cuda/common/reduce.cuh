@@ -1,6 +1,6 @@
 // fusedkit/cuda/common/reduce.cuh
 // Sums across the threads that share one row: a warp by shuffles, several warps through shared memory.
-// Layout assumed by row_sum: blockDim.x = 32 * WARPS threads own one row, threadIdx.y picks the row
+// Layout assumed by the row sums: blockDim.x = 32 * WARPS threads own one row, threadIdx.y picks the row
 // within the block, so at most 32 warps (1024 threads) take part. Every thread gets the full sum.
 #pragma once
 
@@ -12,32 +12,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Sum of v over the 32 * WARPS threads of this thread's row. With WARPS > 1 every thread of the block
-// must call it (it holds __syncthreads).
-template <int WARPS>
-__device__ __forceinline__ float row_sum(float v) {
-  v = warp_sum(v);
-  if constexpr (WARPS == 1) {
-    return v;
-  } else {
-    __shared__ float partial[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int base = threadIdx.y * WARPS;
-    __syncthreads();  // the previous call's readers are done with `partial`
-    if (lane == 0) partial[base + warp] = v;
-    __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) s += partial[base + i];
-    return s;
-  }
-}
-
-// row_sum with one block barrier: the partial sums alternate between two shared buffers by `parity`,
-// which the call flips, so consecutive calls (within a row or across the rows of a loop) never write
-// the buffer the previous call's readers may still read (same argument as row_sum2_alternating
-// below). Every thread of the block calls it with the same parity; WARPS == 1 has no barrier.
-// (row_sum, with a barrier before and after its shared-memory round, is what softmax.cu still uses.)
+// Sum of v over the 32 * WARPS threads of this thread's row, with one block barrier: the partial sums
+// alternate between two shared buffers by `parity`, which the call flips, so consecutive calls (within
+// a row or across the rows of a loop) never write the buffer the previous call's readers may still read
+// (same argument as row_sum2_alternating below). Every thread of the block calls it with the same
+// parity; WARPS == 1 has no barrier. A kernel that reduces once starts from parity 0.
 template <int WARPS>
 __device__ __forceinline__ float row_sum_alternating(float v, int& parity) {
   v = warp_sum(v);
