@@ -4,6 +4,7 @@
 #   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
+#   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments.
 #   NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES steer the profile stage; GEMM_SANITIZE=0 skips
 #   the gemm stage's memcheck.
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
@@ -81,11 +82,15 @@ if has profile; then  # Nsight Compute on the kernels below target (tools/profil
   echo "ncu rc=$?" >> "$OUT/ncu.txt"
 fi
 if has sweep; then timeout $(left ${SWEEP_TIMEOUT:-300}) python3 tools/sweep_norms.py "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?" >> "$OUT/sweep.log"; fi
-if has sweepab; then  # A/B of a compile-time experiment on the shipped norm configs: EXP_OPTIONS (NVRTC defines) vs default
-  for ab in base exp; do
-    opts=""; [ $ab = exp ] && opts="${EXP_OPTIONS:-}"
-    SWEEP_TUNED_ONLY=1 FUSEDKIT_NVRTC_OPTIONS="$opts" FUSEDKIT_CACHE_DIR=/tmp/fkcache_$ab timeout $(left 120) \
-      python3 tools/sweep_norms.py "$OUT/sweep_ab_$ab.json" > "$OUT/sweep_ab_$ab.log" 2>&1; echo "sweepab $ab rc=$?" >> "$OUT/sweep_ab_$ab.log"
+if has sweepab; then  # A/B of compile-time experiments on the shipped norm configs: default vs each
+  # ';'-separated set of NVRTC defines in EXP_OPTIONS (exp1, exp2, ...); AB_DIRS: fwd, bwd or both
+  IFS=';' read -ra exps <<< "${EXP_OPTIONS:-}"
+  n=0
+  for opts in "" "${exps[@]}"; do
+    ab=base; [ $n -gt 0 ] && ab=exp$n; n=$((n + 1))
+    SWEEP_TUNED_ONLY=1 SWEEP_DIRS=${AB_DIRS:-fwd,bwd} FUSEDKIT_NVRTC_OPTIONS="$opts" FUSEDKIT_CACHE_DIR=/tmp/fkcache_$ab timeout $(left 120) \
+      python3 tools/sweep_norms.py "$OUT/sweep_ab_$ab.json" > "$OUT/sweep_ab_$ab.log" 2>&1
+    echo "sweepab $ab [$opts] rc=$?" >> "$OUT/sweep_ab_$ab.log"
   done
 fi
 if has softsweep; then timeout $(left 200) python3 tools/sweep_softmax.py "$OUT/sweep_softmax.json" > "$OUT/sweep_softmax.log" 2>&1; echo "softsweep rc=$?" >> "$OUT/sweep_softmax.log"; fi
@@ -129,7 +134,7 @@ cat "$L/jit.txt" 2>/dev/null
 tail -n 3 "$L/pytest.log" 2>/dev/null; grep -E "^(FAILED|ERROR)" "$L/pytest.log" 2>/dev/null | head -20
 for t in memcheck racecheck; do grep -E "ERROR SUMMARY|rc=|MISMATCH" "$L/$t.log" 2>/dev/null | tail -12; done
 grep BEST "$L/sweep.log" 2>/dev/null; tail -n 2 "$L/sweep.log" 2>/dev/null
-for ab in base exp; do grep -E "^N=|rc=" "$L/sweep_ab_$ab.log" 2>/dev/null | sed "s/^/$ab /"; done
+for f in "$L"/sweep_ab_*.log; do [ -f "$f" ] && grep -E "^N=|rc=" "$f" | sed "s/^/$(basename "$f" .log | sed s/sweep_ab_//) /"; done
 grep -E "BEST|rc=" "$L/sweep_act.log" "$L/sweep_softmax.log" "$L/sweep_ce.log" "$L/sweep_gemm.log" "$L/sweep_fp8_grid.log" 2>/dev/null
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null

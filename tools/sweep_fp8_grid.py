@@ -5,8 +5,14 @@ interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 s
 fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
 tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,
 and the best per (op, shape); writes JSON to argv[1].
+
+SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
+thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
+counts that are not powers of two included (14336 = 1792 vectors: 4 x 14 warps fits it exactly where
+the rule's 4 x 16 leaves an eighth of the threads idle on the last vector).
 """
 import json
+import os
 import sys
 
 import torch
@@ -33,10 +39,77 @@ def cases(M, N):
     ]
 
 
+def fp8_configs(N):
+    vec = cuda_norms.vec_width(N, 2)
+    nv = N // vec
+    out = []
+    for warps in range(1, 17):
+        items = -(-nv // (32 * warps))
+        if items <= 8 and nv >= 0.875 * 32 * warps * items:  # at most an eighth of the slots idle
+            out.append(("rows", vec, items, warps))
+    return out
+
+
+def sweep_configs_main(out_path, timer, copy):
+    from concurrent.futures import ProcessPoolExecutor
+    exprs = sorted({cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True)
+                    for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)})
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:  # NVRTC is single-threaded
+        list(pool.map(_precompile, exprs))
+    import cupy
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    results = []
+    for M, N in FP8_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
+        w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
+        b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
+        scale = torch.full((1,), 448.0 / 6.0, device="cuda")
+        y8 = torch.empty(M, N, device="cuda", dtype=torch.uint8)
+        sinv, amax = torch.empty(1, device="cuda"), torch.zeros(1, device="cuda")
+        for rms in (False, True):
+            op = "rms_norm_fp8_fwd" if rms else "layer_norm_fp8_fwd"
+            default = cuda_norms.fwd_config(N, 2, rms)
+            rows = []
+            for cfg in fp8_configs(N):
+                def fn(c=cfg):  # the backend call fk.layer_norm / fk.rms_norm makes, with the config forced
+                    cuda_norms.forward_fp8(x.data_ptr(), 0, w.data_ptr(), 0 if rms else b.data_ptr(),
+                                           y8.data_ptr(), 0, 0, 0, scale.data_ptr(), sinv.data_ptr(),
+                                           amax.data_ptr(), M, N, "bfloat16", "bfloat16", "e4m3", 1e-5, 0, rms,
+                                           0, stream, config=c)
+                try:
+                    ms = timer.ms(fn)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    print(f"{op} {M}x{N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
+                    continue
+                gbps = 3 * M * N / ms / 1e6
+                rows.append(dict(op=op, shape=[M, N], config=list(cfg), shipped=cfg == default, ms=ms,
+                                 GBps=gbps, of_copy=gbps / copy))
+                print(f"{op:20s} {M}x{N} {str(cfg):22s}{' (shipped)' if cfg == default else '':11s}"
+                      f"{ms * 1e3:8.1f} us {gbps / copy:.3f} of copy", flush=True)
+            if rows:
+                best = min(rows, key=lambda r: r["ms"])
+                print(f"BEST {op} {M}x{N}: {tuple(best['config'])} {best['of_copy']:.3f} of copy")
+            results += rows
+    with open(out_path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, kind="configs", rows=results), f,
+                  indent=1)
+
+
+def _precompile(expr):
+    from fusedkit import _jit
+    try:
+        _jit.cached_cubin(cuda_norms.FILE, expr, "sm_90a")
+    except Exception as e:  # noqa: BLE001 - the sweep reports it when it gets there
+        print(f"compile failed: {expr}: {str(e)[:200]}", flush=True)
+
+
 def main(out_path):
     timer = GpuTimer(torch)
     copy = copy_gbps(torch, timer)
     print(f"copy {copy:.0f} GB/s")
+    if os.environ.get("SWEEP_FP8_CONFIGS") == "1":
+        return sweep_configs_main(out_path, timer, copy)
     results = []
     for M, N in FP8_SHAPES:
         for op, mod, knob, nbytes, run in cases(M, N):

@@ -44,8 +44,8 @@ TUNED: dict = {
 # _staged_config). A staged forward was measured too and lost to the register kernel at every swept
 # shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
 TUNED_STAGED: dict = {
-    ("ln", 1024, 2): (1, 4, 4, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 2, 0),
-    ("ln", 16384, 2): (4, 16, 2, 0),
+    ("ln", 1024, 2): (1, 4, 4, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 3, 0),
+    ("ln", 16384, 2): (4, 16, 3, 0),
     ("rms", 1024, 2): (2, 2, 2, 0), ("rms", 4096, 2): (1, 16, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
     ("rms", 16384, 2): (4, 16, 2, 0),
 }
@@ -84,7 +84,8 @@ def _staged_config(N, itemsize, rms):
         return None
     _, _, items, warps = cfg
     group_bytes = rows_per_block(warps) * N * itemsize * 2
-    stages = max(2, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
+    least = 3 if bwd_many_columns(items, vec, rms) else 2
+    stages = max(least, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
     return ("staged", vec, items, warps, stages, 0)
 
 
@@ -151,15 +152,23 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
+def bwd_many_columns(items, vec, rms) -> bool:
+    """LayerNorm with 32+ columns per thread (DbiasInSmem in norms.cu): the register backward keeps
+    dbias in shared memory; the staged one re-reads x and dy from its stage instead (REREAD), which
+    releases a stage one row later, so it needs 3+ stages to keep a row in flight."""
+    return not rms and items * vec >= 32
+
+
 def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
-    """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu).
-    The staged ring (x and dy), then the dbias rows when a thread owns 32+ columns (DbiasInSmem)."""
+    """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu): the
+    staged ring (x and dy); the register kernel's dbias rows when bwd_many_columns."""
     if cfg[0] == "looped":
         return 0
     vec, items, warps = cfg[1:4]
     rpb = rows_per_block(warps)
-    ring = cfg[4] * 2 * rpb * N * itemsize if cfg[0] == "staged" else 0
-    return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
+    if cfg[0] == "staged":
+        return cfg[4] * 2 * rpb * N * itemsize
+    return rpb * items * vec * 32 * warps * 4 if bwd_many_columns(items, vec, rms) else 0
 
 
 def colsum_expr(w_dt) -> str:
