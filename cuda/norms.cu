@@ -41,11 +41,8 @@
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
 //     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (swept; 0 = default wins).
-//     With 32+ LayerNorm columns per thread it reads x and dy from the stage twice (REREAD) to free
-//     registers for the accumulators.
 //   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
-//   Both keep the accumulators in registers (norm_bwd: dbias in shared memory when a thread owns 32+
-//   LayerNorm columns).
+//   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
 // Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).
 // Long rows use norm_bwd_looped: one row at a time per block, the block's partial row kept in global
 // memory (read-modify-write, exclusive to the block): correct for any N, not bandwidth-optimal.
@@ -53,7 +50,8 @@
 // Numerics: fp32 accumulation everywhere; rstd = rsqrt(var + eps); weights in fp32 or the input dtype,
 // g = w + 1 when zero_centered_gamma. Variants measured and dropped (docs/perf_notes.rst): persistent
 // forward with a register double buffer, a staged (bulk-copy) forward, a one-round Welford merge for
-// LayerNorm statistics, deeper staging rings.
+// LayerNorm statistics, deeper staging rings, a staged backward that re-reads x and dy from the stage
+// for dx (registers freed for a third stage at N = 16384: 0.70 of copy against 0.76).
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
@@ -242,21 +240,13 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   store_row<PLAIN_W, T, W, OUT, VEC, ITEMS, WARPS, RMS>(raw, w, b, y + base, st, nvec, mean, rstd, zero_centered);
 }
 
-// Resident threads per SM asked of ptxas for the plain forward: FK_NORM_FWD_MIN_THREADS, an A/B knob
-// (FUSEDKIT_NVRTC_OPTIONS=-DFK_NORM_FWD_MIN_THREADS=1536; default 0: one block, ptxas's choice).
-#ifndef FK_NORM_FWD_MIN_THREADS
-#define FK_NORM_FWD_MIN_THREADS 0
-#endif
-template <int THREADS>
-struct FwdMinBlocks {
-  static constexpr int value = FK_NORM_FWD_MIN_THREADS / THREADS > 1 ? FK_NORM_FWD_MIN_THREADS / THREADS : 1;
-};
-
 // One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
-// many resident blocks (one register buffer each) rather than by a prefetch inside a block.
-template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
-__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
-                                  FwdMinBlocks<32 * WARPS * RowsPerBlock<WARPS>::value>::value)
+// many resident blocks (one register buffer each) rather than by a prefetch inside a block. MIN_BLOCKS:
+// the resident blocks per SM asked of ptxas (a tuned config's fifth field; swept: LayerNorm 16384 reads
+// 0.94 of copy at 3 x 512 threads (40 registers) against 0.91 at ptxas's own 56 registers, 2 blocks).
+template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
+          int MIN_BLOCKS = 1>
+__global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, MIN_BLOCKS)
 norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
                 const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
                 float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
@@ -419,9 +409,8 @@ norm_fwd_looped_fp8(const T* __restrict__ x, const T* __restrict__ residual, con
 // Backward, row in registers, persistent grid with per-thread dweight / dbias accumulators.
 
 // LayerNorm with 32+ columns per thread: dweight + dbias accumulators plus the row would exceed 128
-// registers and spill, so norm_bwd accumulates dbias in shared memory (RPB x N floats, dynamic; each
-// thread touches only its own columns, so no barriers), and norm_bwd_staged re-reads the row from its
-// stage instead (REREAD). Python's bwd_many_columns mirrors this condition.
+// registers and spill, so dbias accumulates in shared memory (RPB x N floats, dynamic; each thread
+// touches only its own columns, so no barriers). Python's bwd_smem_bytes mirrors this condition.
 template <int VEC, int ITEMS, bool RMS>
 struct DbiasInSmem {
   static constexpr bool value = !RMS && ITEMS * VEC >= 32;
@@ -492,50 +481,37 @@ struct Accumulators {
   }
 };
 
-// gamma of the backward in fp32, per vector i of the thread's columns (v: its vector index).
-//   PLAIN_W (weights given, gamma not zero-centred; a kernel template flag chosen by the host) and HELD:
-//     the thread's weight vectors are loaded once per block into registers, so no row reloads them
-//     through L1 / L2 (reloading per row was 1.5-9 % slower at every benchmark shape: A/B of 2026-12-03,
-//     docs/perf_notes.rst);
-//   PLAIN_W, not HELD (kernels short of registers): one vector load per use;
-//   otherwise load_gamma with its defaults and the + 1.
-template <bool PLAIN_W, bool HELD, typename W, int VEC, int ITEMS>
-struct BwdGamma {
-  static constexpr bool kRegs = PLAIN_W && HELD;
-  Vec<W, VEC> held[kRegs ? ITEMS : 1];
-  const W* w;
-  int zero_centered;
-
-  template <int T_ROW>
-  __device__ __forceinline__ void load(const W* __restrict__ w_, int zero_centered_, int N) {
-    w = w_;
-    zero_centered = zero_centered_;
-    if constexpr (kRegs) {
-      const int nvec = N / VEC;
+// gamma of vector i (columns v * VEC ...) in fp32 for the backward. PLAIN_W (weights given, gamma not
+// zero-centred; a kernel template flag chosen by the host): from gw, the thread's weight vectors loaded
+// once per block into registers (bwd_load_weights), so no row reloads them through L1 / L2; else
+// load_gamma with its defaults and the + 1. (Reloading the PLAIN_W vectors per row instead was 1.5-9 %
+// slower at every benchmark shape: A/B of 2026-12-03, docs/perf_notes.rst.)
+template <bool PLAIN_W, typename W, int VEC, int ITEMS>
+__device__ __forceinline__ void bwd_gamma(const Vec<W, VEC> (&gw)[ITEMS], int i, const W* __restrict__ w, int v,
+                                          int zero_centered, float (&g)[VEC]) {
+  if constexpr (PLAIN_W) {
 #pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int v = threadIdx.x + i * T_ROW;
-        if (v < nvec) {
-          held[i] = load_vec<W, VEC>(w + (long long)v * VEC);
-        } else {
-          vec_zero(held[i]);
-        }
+    for (int j = 0; j < VEC; ++j) g[j] = vec_elem(gw[i], j);
+  } else {
+    load_gamma<W, VEC>(w, v, zero_centered, g);
+  }
+}
+
+template <bool PLAIN_W, typename W, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void bwd_load_weights(Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w, int N) {
+  if constexpr (PLAIN_W) {
+    const int nvec = N / VEC;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * T_ROW;
+      if (v < nvec) {
+        gw[i] = load_vec<W, VEC>(w + (long long)v * VEC);
+      } else {
+        vec_zero(gw[i]);
       }
     }
   }
-  __device__ __forceinline__ void get(int i, int v, float (&g)[VEC]) const {
-    if constexpr (kRegs) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) g[j] = vec_elem(held[i], j);
-    } else if constexpr (PLAIN_W) {
-      const Vec<W, VEC> t = load_vec<W, VEC>(w + (long long)v * VEC);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) g[j] = vec_elem(t, j);
-    } else {
-      load_gamma<W, VEC>(w, v, zero_centered, g);
-    }
-  }
-};
+}
 
 // The backward of one row held in registers (xr = x, gr = dy), in two halves around the row reduction:
 //   backward_sums: accumulates dweight += dy * xhat and dbias += dy for the thread's columns and returns
@@ -547,9 +523,10 @@ struct BwdGamma {
 //     does an FMA-contracted g*dy - c2, hence __fmul_rn for g*dy in both halves.)
 // The kernels put the reduction between them (row_sum2_alternating: one block barrier per row, which
 // also frees the row's shared-memory stage in the staged kernel).
-template <typename T, int VEC, int ITEMS, int WARPS, bool RMS, typename Gamma, typename Acc>
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, typename Acc>
 __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                                const Gamma& gamma, float mean, float rstd, Acc& acc, int N) {
+                                                const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                                float mean, float rstd, Acc& acc, int N, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   float s_gdx = 0.f, s_gd = 0.f;  // sum g*dy*xhat, sum g*dy
@@ -558,7 +535,7 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC], d[VEC], dxh[VEC];
-      gamma.get(i, v, g);
+      bwd_gamma<PLAIN_W, W, VEC, ITEMS>(gw, i, w, v, zero_centered, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xhat = (vec_elem(xr[i], j) - mean) * rstd;
@@ -574,10 +551,11 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
   return make_float2(s_gdx, s_gd);
 }
 
-template <typename T, int VEC, int ITEMS, int WARPS, bool RMS, typename Gamma>
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                            const Gamma& gamma, float mean, float rstd, float2 sums,
-                                            T* __restrict__ dx, long long row, int N) {
+                                            const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                            float mean, float rstd, float2 sums, T* __restrict__ dx,
+                                            long long row, int N, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
@@ -589,7 +567,7 @@ __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], cons
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC];
-      gamma.get(i, v, g);
+      bwd_gamma<PLAIN_W, W, VEC, ITEMS>(gw, i, w, v, zero_centered, g);
       Vec<T, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -616,8 +594,8 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
   acc.db_s = dyn_smem + threadIdx.y * N;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
-  BwdGamma<PLAIN_W, true, W, VEC, ITEMS> gamma;
-  gamma.template load<T_ROW>(w, zero_centered, N);
+  Vec<W, VEC> gw[ITEMS];
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, w, N);
   int flip = 0;
   for (long long row0 = (long long)blockIdx.x * RPB; row0 < M; row0 += (long long)gridDim.x * RPB, flip ^= 1) {
     const long long row = row0 + threadIdx.y;
@@ -637,9 +615,9 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
     }
     const float mean = (RMS || !row_ok) ? 0.f : mean_in[row];
     const float rstd = row_ok ? rstd_in[row] : 0.f;
-    const float2 part = backward_sums<T, VEC, ITEMS, WARPS, RMS>(xr, gr, gamma, mean, rstd, acc, N);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
     const float2 sums = row_sum2_alternating<WARPS, false>(part.x, part.y, flip);
-    if (row_ok) backward_dx<T, VEC, ITEMS, WARPS, RMS>(xr, gr, gamma, mean, rstd, sums, dx, row, N);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
   }
   acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
 }
@@ -649,7 +627,7 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
 // filled by bulk copies (common/bulk.cuh). A stage holds one group of RPB consecutive rows (one
 // contiguous copy per input). Persistent grid: block b takes groups b, b + grid, ...; `stages` groups
 // are in flight per block. Needs N * sizeof(T) and the input pointers 16-byte aligned (checked in
-// Python). Shared memory: stages x inputs x RPB x N x sizeof(T).
+// Python). Shared memory: stages x inputs x RPB x N x sizeof(T) (+ the dbias rows of DbiasInSmem).
 
 // Issues the bulk copies of the k-th group of this block into stage s = k % stages (producer only).
 template <typename T, int RPB>
@@ -700,19 +678,16 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
   const long long ngroups = (M + RPB - 1) / RPB, group = (long long)RPB * N;
-  // Accumulators in registers (both in shared memory was measured 5-25% slower, sweep 1631Z).
-  // REREAD (LayerNorm with 32+ columns per thread, where the register kernel keeps dbias in shared
-  // memory): x and dy are read from the stage again for dx instead of staying in registers, which frees
-  // the registers for the dbias accumulators. A stage is then released one row later (see below), so
-  // the host gives these configs 3+ stages.
-  constexpr bool REREAD = DbiasInSmem<VEC, ITEMS, RMS>::value;
-  Accumulators<VEC, ITEMS, false, false> acc;
+  // Accumulators in registers (dbias rows after the ring when DbiasInSmem). Both in shared memory was
+  // measured 5-25% slower (sweep 1631Z).
+  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * group) + threadIdx.y * N;
   const StageRing ring(bars, stages);
   const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
-  BwdGamma<PLAIN_W, !REREAD, W, VEC, ITEMS> gamma;  // REREAD: no registers to hold the weights
-  gamma.template load<T_ROW>(w, zero_centered, N);
+  Vec<W, VEC> gw[ITEMS];
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, w, N);
   if (producer) ring.init();
   __syncthreads();
   if (producer)
@@ -733,19 +708,11 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     Vec<T, VEC> xr[ITEMS], gr[ITEMS];
     read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
     read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
-    const float2 part = backward_sums<T, VEC, ITEMS, WARPS, RMS>(xr, gr, gamma, mean, rstd, acc, N);
-    // One barrier per row: the reduction's. After it every thread has read stage s for its sums, and
-    // (in program order before them) the previous stage for its dx: the producer refills stage s, or
-    // with REREAD the previous stage, with the group `stages` fills after the one it held.
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
+    // One barrier per row: the reduction's, after which every thread has read stage s (refill it).
     const float2 sums = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
-    if constexpr (REREAD) {
-      if (producer && k > 0) issue_group<T, RPB>(ring, ring_base, x, dy, k - 1 + stages, s > 0 ? s - 1 : stages - 1, M, N);
-      read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
-      read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
-    } else {
-      if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
-    }
-    if (row_ok) backward_dx<T, VEC, ITEMS, WARPS, RMS>(xr, gr, gamma, mean, rstd, sums, dx, row, N);
+    if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
     row = next;
     mean = next_mean;
     rstd = next_rstd;

@@ -44,6 +44,9 @@ def candidates(N, direction, rms):
                 continue
             if direction == "fwd":
                 out.append(("rows", vec, items, warps))
+                threads = 32 * warps * cn.rows_per_block(warps)
+                for mb in sorted({t // threads for t in (1536, 2048)} - {0, 1}):  # occupancy hints
+                    out.append(("rows", vec, items, warps, mb))
             elif items <= 4:
                 if BWD_ROWS and warps <= 16:
                     out.append(("rows", vec, items, warps))

@@ -27,9 +27,11 @@ MAX_WARPS_BWD = 16  # 512 threads keep 128 registers per thread
 # Tuned (items, warps) per (op, N, itemsize, direction) for the register kernels: the winners of
 # tools/sweep_norms.py on the H200 (bf16; benchmarks/results/; backward
 # register fallback: sweep_*1406Z.json; forward: sweep_*1631Z.json). Other shapes use the rule in _rows_config.
+# A third value is the plain forward's min_blocks (resident blocks asked of ptxas; A/B of run 1617Z:
+# LayerNorm 16384 0.906 -> 0.938 of copy at 3 blocks, RMSNorm 16384 0.956 -> 0.943, the others equal).
 TUNED: dict = {
     ("ln", 1024, 2, "fwd"): (4, 1), ("ln", 4096, 2, "fwd"): (4, 4), ("ln", 8192, 2, "fwd"): (4, 8),
-    ("ln", 16384, 2, "fwd"): (4, 16),
+    ("ln", 16384, 2, "fwd"): (4, 16, 3),
     ("rms", 1024, 2, "fwd"): (2, 2), ("rms", 4096, 2, "fwd"): (2, 8), ("rms", 8192, 2, "fwd"): (4, 8),
     ("rms", 16384, 2, "fwd"): (4, 16),
     ("ln", 1024, 2, "bwd"): (2, 2), ("ln", 4096, 2, "bwd"): (2, 8), ("ln", 8192, 2, "bwd"): (2, 16),
@@ -45,7 +47,7 @@ TUNED: dict = {
 # shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
 TUNED_STAGED: dict = {
     ("ln", 1024, 2): (1, 4, 4, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 3, 0),
-    ("ln", 16384, 2): (4, 16, 3, 0),
+    ("ln", 16384, 2): (4, 16, 2, 0),
     ("rms", 1024, 2): (2, 2, 2, 0), ("rms", 4096, 2): (1, 16, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
     ("rms", 16384, 2): (4, 16, 2, 0),
 }
@@ -84,14 +86,14 @@ def _staged_config(N, itemsize, rms):
         return None
     _, _, items, warps = cfg
     group_bytes = rows_per_block(warps) * N * itemsize * 2
-    least = 3 if bwd_many_columns(items, vec, rms) else 2
-    stages = max(least, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
+    stages = max(2, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
     return ("staged", vec, items, warps, stages, 0)
 
 
 def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
-    """Launch config of the forward: ("rows", vec, items, warps) or ("looped", vec). max_vec: the
-    pointers' alignment in elements (align_elems)."""
+    """Launch config of the forward: ("rows", vec, items, warps), ("rows", vec, items, warps,
+    min_blocks) where tuned with an occupancy hint for the plain forward (the FP8 forward has its own),
+    or ("looped", vec). max_vec: the pointers' alignment in elements (align_elems)."""
     return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd", rms, max_vec)
 
 
@@ -126,8 +128,12 @@ def bwd_plain_weights(has_w, zero_centered) -> bool:
 def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
+        # the occupancy hint, measured with 16-bit weights and output (fp32 ones spill under its cap);
+        # the kernel's default is 1
+        hint = len(cfg) > 4 and cfg[4] > 1 and ITEMSIZE[w_dt] == 2 and ITEMSIZE[o_dt] == 2
+        min_blocks = f", {cfg[4]}" if hint else ""
         return (f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}>")
+                f"{_b(plain_w)}{min_blocks}>")
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -152,23 +158,15 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def bwd_many_columns(items, vec, rms) -> bool:
-    """LayerNorm with 32+ columns per thread (DbiasInSmem in norms.cu): the register backward keeps
-    dbias in shared memory; the staged one re-reads x and dy from its stage instead (REREAD), which
-    releases a stage one row later, so it needs 3+ stages to keep a row in flight."""
-    return not rms and items * vec >= 32
-
-
 def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
-    """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu): the
-    staged ring (x and dy); the register kernel's dbias rows when bwd_many_columns."""
+    """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu).
+    The staged ring (x and dy), then the dbias rows when a thread owns 32+ columns (DbiasInSmem)."""
     if cfg[0] == "looped":
         return 0
     vec, items, warps = cfg[1:4]
     rpb = rows_per_block(warps)
-    if cfg[0] == "staged":
-        return cfg[4] * 2 * rpb * N * itemsize
-    return rpb * items * vec * 32 * warps * 4 if bwd_many_columns(items, vec, rms) else 0
+    ring = cfg[4] * 2 * rpb * N * itemsize if cfg[0] == "staged" else 0
+    return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
 
 def colsum_expr(w_dt) -> str:
