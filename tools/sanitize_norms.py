@@ -34,7 +34,7 @@ for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).
 cn._staged_ok = staged_ok
 for dtype in ("float32", "float16"):
-    for (M, N) in ((0, 64), (3, 7), (5, 781), (9, 1024), (6, 4096), (2, 16384), (2, 65536)):
+    for (M, N) in ((0, 64), (3, 7), (5, 781), (9, 1024), (6, 4096), (3, 14336), (2, 16384), (2, 65536)):
         x = rng.standard_normal((M, N)).astype(dtype)
         w = rng.standard_normal(N).astype(dtype)
         X, W = cupy.asarray(x), cupy.asarray(w)
