@@ -360,35 +360,16 @@ def test_forward_kernels_are_registered(rms):
     exprs = set(cn.all_expressions()[cn.FILE])
     for x_dt in DTYPES:
         for N in (1, 7, 781, 1024, 4096, 16384, 65536):
-            s = 4 if x_dt == "float32" else 2
-            cfg, cfg8 = cn.fwd_config(N, s, rms), cn.fwd_fp8_config(N, s, rms)
+            cfg = cn.fwd_config(N, 4 if x_dt == "float32" else 2, rms)
             for plain_w in (False, True):
                 assert cn.fwd_expr(cfg, x_dt, x_dt, x_dt, rms, plain_w=plain_w) in exprs
                 for fmt in ("e4m3", "e5m2"):
-                    assert cn.fwd_fp8_expr(cfg8, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
+                    assert cn.fwd_fp8_expr(cfg, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
     w, b = 0x1000, 0x2000  # pointers; 0 = absent
     assert cn.plain_weights(w, b, rms, False)
     assert cn.plain_weights(w, 0, rms, False) == rms  # LayerNorm without bias needs the default beta
     assert not cn.plain_weights(0, b, rms, False)
     assert not cn.plain_weights(w, b, rms, True)
-
-
-def test_fp8_forward_tuned_configs_are_registered():
-    """CPU: the FP8-output forward's own tuned configs are what the dispatch picks (16-byte vectors)
-    and are in the compile-all registry for every dtype pair and format; unaligned pointers fall back
-    to the plain rule."""
-    from fusedkit.backends import cuda_norms as cn
-    exprs = set(cn.all_expressions()[cn.FILE])
-    for (op, N, s), t in cn.TUNED_FP8.items():
-        rms = op == "rms"
-        cfg = cn.fwd_fp8_config(N, s, rms)
-        assert cfg == ("rows", 16 // s) + tuple(t)
-        assert cn.fwd_fp8_config(N, s, rms, max_vec=2) == cn.fwd_config(N, s, rms, max_vec=2)
-        for x_dt in ("float16", "bfloat16"):
-            for w_dt in (x_dt, "float32"):
-                for fmt in ("e4m3", "e5m2"):
-                    for plain_w in (False, True):
-                        assert cn.fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w) in exprs
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])

@@ -69,7 +69,7 @@ def sweep_configs_main(out_path, timer, copy):
         sinv, amax = torch.empty(1, device="cuda"), torch.zeros(1, device="cuda")
         for rms in (False, True):
             op = "rms_norm_fp8_fwd" if rms else "layer_norm_fp8_fwd"
-            default = cuda_norms.fwd_fp8_config(N, 2, rms)
+            default = cuda_norms.fwd_config(N, 2, rms)
             rows = []
             for cfg in fp8_configs(N):
                 def fn(c=cfg):  # the backend call fk.layer_norm / fk.rms_norm makes, with the config forced

@@ -90,25 +90,6 @@ def _staged_config(N, itemsize, rms):
     return ("staged", vec, items, warps, stages, 0)
 
 
-# The FP8-output forward's own winners where they differ from the plain forward's config (issue-bound,
-# not memory-bound, so it prefers other splits): (items, warps) per (op, N, itemsize). Sweep
-# sweep_fp8_configs_2026-12-03T1653Z.json (bf16, one run): RMSNorm 4096 0.821 -> 0.891 of copy,
-# RMSNorm 14336 0.876 -> 0.927, LayerNorm 14336 0.759 -> 0.775 (12 warps: not a power of two).
-TUNED_FP8: dict = {
-    ("rms", 4096, 2): (4, 4), ("rms", 14336, 2): (5, 12), ("ln", 14336, 2): (5, 12),
-}
-
-
-def fwd_fp8_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
-    """Launch config of the FP8-output forward: TUNED_FP8 where it has the shape (and the pointers allow
-    its vector width), else the plain forward's config."""
-    t = TUNED_FP8.get(("rms" if rms else "ln", N, itemsize))
-    vec = vec_width(N, itemsize, max_vec)
-    if t is not None and vec == vec_width(N, itemsize):
-        return ("rows", vec) + t
-    return fwd_config(N, itemsize, rms, max_vec)
-
-
 def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
     """Launch config of the forward: ("rows", vec, items, warps), ("rows", vec, items, warps,
     min_blocks) where tuned with an occupancy hint for the plain forward (the FP8 forward has its own),
@@ -244,7 +225,7 @@ _fwd_fp8_plans: dict = {}
 
 
 def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
-    cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
+    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
     expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
@@ -384,7 +365,7 @@ def all_expressions():
     """Every instantiation the library can request for the shapes it is tested and benchmarked on:
     the compile-all check builds these for each target."""
     exprs = {FILE: set()}
-    Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 14336, 16384, 32768, 65536, 262144)
+    Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144)
     for x_dt in ("float32", "float16", "bfloat16"):
         for w_dt in sorted({"float32", x_dt}):
             exprs[FILE].add(colsum_expr(w_dt))
@@ -395,8 +376,7 @@ def all_expressions():
                         for o_dt in sorted({x_dt, "float32"}):
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
-                            exprs[FILE].add(fwd_fp8_expr(fwd_fp8_config(N, ITEMSIZE[x_dt], rms), x_dt, w_dt,
-                                                         fmt, rms, plain_w=plain_w))
+                            exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms, plain_w=plain_w))
                     for staged in (False, True):
                         for plain_w in (False, True):
                             exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms,
