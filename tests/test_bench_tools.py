@@ -1,8 +1,10 @@
-"""The benchmark bookkeeping that needs no GPU: the source commit in the results JSON, and the README
-table that takes each (op, shape) from the newest run that measured it."""
+"""The benchmark bookkeeping that needs no GPU: the source commit in the results JSON, the README
+table that takes each (op, shape) from the newest run that measured it, and the command line's checks."""
 import importlib.util
 import json
 import os
+
+import pytest
 
 from fusedkit import bench
 
@@ -49,3 +51,12 @@ def test_readme_table_takes_each_op_from_its_newest_run(tmp_path, monkeypatch):
     assert "| layer_norm_fwd | 8 x 8 | 3600 | 0.90 | 2.00x | - | - |" in text
     assert "| fp8_gemm | 16 x 16 x 16 | 900 | cublaslt 0.90x |" in text
     assert "9999" not in text
+
+
+def test_bench_rejects_zero_rounds(capsys):
+    """CPU: --rounds below 1 is a usage error that says what to give, not an empty benchmark."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--rounds", "0"])
+    assert e.value.code == 2
+    assert "give 1 or more rounds" in capsys.readouterr().err
+
