@@ -93,6 +93,27 @@ class GpuTimer:
         return statistics.median(times)
 
 
+def precompile(file, exprs, arch="sm_90a"):
+    """Fills the kernel cache with ``exprs`` of ``file`` through a process pool (NVRTC is single-threaded;
+    the tools/sweep_*.py scripts then time candidates without waiting on compiles). A failure is
+    printed, and the sweep reports it again when it reaches that candidate."""
+    from concurrent.futures import ProcessPoolExecutor
+    exprs = sorted(set(exprs))
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        for e, err in zip(exprs, pool.map(_compile_one, [file] * len(exprs), exprs, [arch] * len(exprs))):
+            if err:
+                print(f"compile failed: {e}: {err}", flush=True)
+
+
+def _compile_one(file, expr, arch):
+    from . import _jit
+    try:
+        _jit.cached_cubin(file, expr, arch)
+        return None
+    except Exception as e:  # noqa: BLE001 - returned to precompile, which prints it
+        return f"{type(e).__name__} {str(e)[:200]}"
+
+
 def sweep_configs(timer, copy, label, configs, make_fn, nbytes, results, **tags):
     """Times ``make_fn(cfg)`` for each launch config (the tools/sweep_*.py scripts): appends a row per
     config to ``results`` (tags, config, ms, GB/s, fraction of ``copy``), prints it, reports a config
@@ -450,22 +471,20 @@ def run_gpu(args):
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
         # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
         # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
-        times: dict = {}
         fns = impls(torch, op, M, N, dtype)
+        times = {impl: [] for impl in fns}
         for _ in range(args.rounds):
             for impl, fn in fns.items():
-                if times.get(impl, []) is None:
+                if impl not in times:
                     continue  # failed in an earlier round
                 try:
-                    times.setdefault(impl, []).append(timer.ms(fn))
+                    times[impl].append(timer.ms(fn))
                 except Exception as e:  # noqa: BLE001 - a failing impl is reported and left out
                     print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                    times[impl] = None
+                    del times[impl]
         for impl, ts in times.items():
-            if ts:
-                ms = min(ts)
-                rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": ms,
-                             "GBps": nbytes / ms / 1e6, "TFLOPs": None, "ms_rounds": ts})
+            rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": min(ts),
+                         "GBps": nbytes / min(ts) / 1e6, "TFLOPs": None, "ms_rounds": ts})
         del fns
         torch.cuda.empty_cache()
         prog.update()

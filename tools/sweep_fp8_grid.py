@@ -19,7 +19,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit.backends import cuda_norms
-from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps
+from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, precompile, sweep_configs
 
 WAVES = (None, 1, 2, 4)
 
@@ -51,11 +51,8 @@ def fp8_configs(N):
 
 
 def sweep_configs_main(out_path, timer, copy):
-    from concurrent.futures import ProcessPoolExecutor
-    exprs = sorted({cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True)
-                    for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)})
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:  # NVRTC is single-threaded
-        list(pool.map(_precompile, exprs))
+    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True)
+                                 for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
     import cupy
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     results = []
@@ -69,39 +66,18 @@ def sweep_configs_main(out_path, timer, copy):
         sinv, amax = torch.empty(1, device="cuda"), torch.zeros(1, device="cuda")
         for rms in (False, True):
             op = "rms_norm_fp8_fwd" if rms else "layer_norm_fp8_fwd"
-            default = cuda_norms.fwd_config(N, 2, rms)
-            rows = []
-            for cfg in fp8_configs(N):
-                def fn(c=cfg):  # the backend call fk.layer_norm / fk.rms_norm makes, with the config forced
-                    cuda_norms.forward_fp8(x.data_ptr(), 0, w.data_ptr(), 0 if rms else b.data_ptr(),
-                                           y8.data_ptr(), 0, 0, 0, scale.data_ptr(), sinv.data_ptr(),
-                                           amax.data_ptr(), M, N, "bfloat16", "bfloat16", "e4m3", 1e-5, 0, rms,
-                                           0, stream, config=c)
-                try:
-                    ms = timer.ms(fn)
-                except Exception as e:  # noqa: BLE001 - report and go on
-                    print(f"{op} {M}x{N} {cfg}: failed {type(e).__name__}: {str(e)[:160]}", flush=True)
-                    continue
-                gbps = 3 * M * N / ms / 1e6
-                rows.append(dict(op=op, shape=[M, N], config=list(cfg), shipped=cfg == default, ms=ms,
-                                 GBps=gbps, of_copy=gbps / copy))
-                print(f"{op:20s} {M}x{N} {str(cfg):22s}{' (shipped)' if cfg == default else '':11s}"
-                      f"{ms * 1e3:8.1f} us {gbps / copy:.3f} of copy", flush=True)
-            if rows:
-                best = min(rows, key=lambda r: r["ms"])
-                print(f"BEST {op} {M}x{N}: {tuple(best['config'])} {best['of_copy']:.3f} of copy")
-            results += rows
+
+            def make(cfg):  # the backend call fk.layer_norm / fk.rms_norm makes, with the config forced
+                return lambda: cuda_norms.forward_fp8(
+                    x.data_ptr(), 0, w.data_ptr(), 0 if rms else b.data_ptr(), y8.data_ptr(), 0, 0, 0,
+                    scale.data_ptr(), sinv.data_ptr(), amax.data_ptr(), M, N, "bfloat16", "bfloat16", "e4m3",
+                    1e-5, 0, rms, 0, stream, config=cfg)
+            shipped = cuda_norms.fwd_config(N, 2, rms)
+            sweep_configs(timer, copy, f"{op} {M}x{N} (shipped {shipped})", fp8_configs(N), make, 3 * M * N,
+                          results, op=op, shape=[M, N], shipped=list(shipped))
     with open(out_path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, kind="configs", rows=results), f,
                   indent=1)
-
-
-def _precompile(expr):
-    from fusedkit import _jit
-    try:
-        _jit.cached_cubin(cuda_norms.FILE, expr, "sm_90a")
-    except Exception as e:  # noqa: BLE001 - the sweep reports it when it gets there
-        print(f"compile failed: {expr}: {str(e)[:200]}", flush=True)
 
 
 def main(out_path):

@@ -14,7 +14,7 @@ import torch
 
 from fusedkit import _jit
 from fusedkit.backends import cuda_norms as cn
-from fusedkit.bench import GpuTimer, copy_gbps
+from fusedkit.bench import GpuTimer, copy_gbps, precompile as bench_precompile
 
 RING_BYTES = (16 << 10, 48 << 10)  # staged: ring bytes per block (deeper rings lost in sweep 1554Z)
 BWD_ROWS = os.environ.get("SWEEP_BWD_ROWS", "1") == "1"
@@ -65,24 +65,10 @@ def expr_of(cfg, direction, rms):
     return cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms, plain_w=True)
 
 
-def _compile(expr):
-    from fusedkit import _jit as j
-    try:
-        j.cached_cubin(cn.FILE, expr, "sm_90a")
-        return None
-    except Exception as e:  # noqa: BLE001 - reported when the sweep reaches it
-        return f"{type(e).__name__} {str(e)[:200]}"
-
-
 def precompile(directions):
-    """Fills the kernel cache for every candidate with a process pool (NVRTC is single-threaded)."""
-    from concurrent.futures import ProcessPoolExecutor
-    exprs = sorted({expr_of(cfg, d, rms) for N in SWEEP_NS for d in directions
-                    for rms in (False, True) for cfg in candidates(N, d, rms)})
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
-        for e, err in zip(exprs, pool.map(_compile, exprs)):
-            if err:
-                print(f"compile failed: {e}: {err}", flush=True)
+    """Fills the kernel cache for every candidate in parallel (fusedkit.bench.precompile)."""
+    bench_precompile(cn.FILE, [expr_of(cfg, d, rms) for N in SWEEP_NS for d in directions
+                               for rms in (False, True) for cfg in candidates(N, d, rms)])
 
 
 def main(out_path):
