@@ -1,6 +1,6 @@
 """Small norm calls covering every kernel kind (staged and register rows, shared-memory dbias, a staged
-row re-read from its stage (5 x 16384 fp16: one block refilling its ring), looped,
-odd N, FP8 output), for compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong result."""
+ring refilled by one block (5 x 16384: one block walks all five rows), looped, odd N, FP8 output), for
+compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong result."""
 import cupy
 import numpy as np
 
