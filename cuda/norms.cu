@@ -575,7 +575,7 @@ __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], cons
         const float gd = __fmul_rn(vec_elem(gr[i], j), g[j]);  // as in backward_sums: not contracted
         out.v[j] = from_float<T>(rstd * fmaf(xm, k1, RMS ? gd : gd - c2));
       }
-      store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
+      store_vec_stream<T, VEC>(dx + base + (long long)v * VEC, out);
     }
   }
 }
@@ -777,22 +777,34 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 }
 
 // ---------------------------------------------------------------------------------------------------
-// out[c] = sum_p part[p, c] in a fixed order (block 32 x 8: x picks the column, y strides over p).
-template <typename W>
-__global__ void __launch_bounds__(256)
-column_sum(const float* __restrict__ part, long long P, int N, W* __restrict__ out) {
-  __shared__ float tile[8][33];
+// out[c] = sum_p part[p, c] for up to two partial-row buffers in one launch: blockIdx.y = 0 sums part
+// into out0, blockIdx.y = 1 sums part + P * N into out1 (dweight and dbias of the LayerNorm backward).
+// Block 32 x LANES: x picks the column, y strides over p with four loads in flight per thread (four
+// accumulators, then the LANES sums in a fixed order: deterministic). The partials were just written,
+// so they come from L2 and the sum is latency-bound: more lanes and independent loads, not bytes,
+// set its time (at 4096 x 1024 the partial rows are as many as the rows / 4).
+template <typename W, int LANES>
+__global__ void __launch_bounds__(32 * LANES)
+column_sum(const float* __restrict__ part, long long P, int N, W* __restrict__ out0, W* __restrict__ out1) {
+  __shared__ float tile[LANES][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.f;
-  if (col < N)
-    for (long long p = threadIdx.y; p < P; p += 8) s += part[p * N + col];
-  tile[threadIdx.y][threadIdx.x] = s;
+  const float* src = part + blockIdx.y * P * N + col;
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  if (col < N) {
+    long long p = threadIdx.y;
+    for (; p + 3 * LANES < P; p += 4 * LANES) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[k] += src[(p + k * LANES) * N];
+    }
+    for (; p < P; p += LANES) s[0] += src[p * N];
+  }
+  tile[threadIdx.y][threadIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
   __syncthreads();
   if (threadIdx.y == 0 && col < N) {
     float t = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) t += tile[i][threadIdx.x];
-    out[col] = from_float<W>(t);
+    for (int i = 0; i < LANES; ++i) t += tile[i][threadIdx.x];
+    (blockIdx.y ? out1 : out0)[col] = from_float<W>(t);
   }
 }
 

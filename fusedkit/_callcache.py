@@ -168,7 +168,7 @@ def _norm_forward_torch(x, weight, bias, eps, zero_centered, out_dtype, return_s
 
 # ----------------------------------------------------------------------------------------------------
 # Norm backward: the kernel over the rows (dx and fp32 partial rows of dweight / dbias), then one
-# column_sum launch per weight gradient. Without this path a 4096 x 1024 LayerNorm forward + backward
+# column_sum launch for both weight gradients. Without this path a 4096 x 1024 LayerNorm forward + backward
 # was host-bound (0.77-0.87x torch eager in the 2026-12-03 runs; its kernels take ~10 us).
 
 class BwdPlan:
@@ -290,9 +290,11 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
     dxp = _ptr(dx)
     plan.fn.launch_current(plan.nblocks, plan.block, plan.smem, sp, dyp, xp, wp, mp, rp, dxp, dw_part, db_part,
                            plan.M, N, plan.zero_centered, *plan.extra)
-    for part_p, out in ((dw_part, dw), (db_part, db)):
-        if out is not None:
-            plan.colsum.launch_current(-(-N // 32), (32, 8), 0, sp, part_p, P, N, _ptr(out))
+    if n_parts:  # one launch sums dweight's and dbias's partial rows (blockIdx.y picks which)
+        o0 = _ptr(dw if dw is not None else db)
+        o1 = _ptr(db) if db is not None else o0
+        cs = plan.colsum
+        cs.fn.launch_current((-(-N // 32), n_parts), (32, cs.lanes), 0, sp, pp, P, N, o0, o1)
     return (dx, dw) if plan.rms else (dx, dw, db)
 
 

@@ -14,7 +14,7 @@ class _FakeFunction:
     ptr = 0
 
 
-@pytest.mark.parametrize("codes", ["ppppppppqifi", "ppppppppqiii", "pqip", "pppppppqfi", "ifq", "fqp"])
+@pytest.mark.parametrize("codes", ["ppppppppqifi", "ppppppppqiii", "pqip", "pqipp", "pppppppqfi", "ifq", "fqp"])
 def test_slots_follow_c_layout(codes):
     launcher = Launcher(_FakeFunction(), codes, device=0)
     values = [float(k) + 0.5 if c == "f" else 1000 + k for k, c in enumerate(codes)]

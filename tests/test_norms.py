@@ -354,17 +354,23 @@ def test_misaligned_pointers(offset, rms):
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_forward_kernels_are_registered(rms):
     """CPU: every forward kernel the dispatch asks for (plain and FP8 output, PLAIN_W on and off) at the
-    tested widths is in the compile-all registry, so no shipped instantiation escapes the spill check;
+    tested widths is in the compile-all registry; the fp32-output forward uses the FP8 forward's config, so no shipped instantiation escapes the spill check;
     PLAIN_W is set exactly when weights (and a LayerNorm bias) are given and gamma is not zero-centred."""
     from fusedkit.backends import cuda_norms as cn
     exprs = set(cn.all_expressions()[cn.FILE])
     for x_dt in DTYPES:
-        for N in (1, 7, 781, 1024, 4096, 16384, 65536):
-            cfg = cn.fwd_config(N, 4 if x_dt == "float32" else 2, rms)
+        s = 4 if x_dt == "float32" else 2
+        for N in (1, 7, 781, 1024, 4096, 14336, 16384, 65536):
+            cfg, f8 = cn.fwd_config(N, s, rms), cn.fwd_fp8_config(N, s, rms)
+            assert cn.fwd_plain_config(N, s, 4, rms) == f8  # fp32 output: the FP8 forward's config
             for plain_w in (False, True):
                 assert cn.fwd_expr(cfg, x_dt, x_dt, x_dt, rms, plain_w=plain_w) in exprs
+                assert cn.fwd_expr(f8, x_dt, x_dt, "float32", rms, plain_w=plain_w) in exprs
                 for fmt in ("e4m3", "e5m2"):
-                    assert cn.fwd_fp8_expr(cfg, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
+                    assert cn.fwd_fp8_expr(f8, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
+    for (op, N, s), t in cn.TUNED_FP8.items():
+        if (op == "rms") == rms:
+            assert cn.fwd_fp8_config(N, s, rms) == ("rows", cn.vec_width(N, s)) + tuple(t)
     w, b = 0x1000, 0x2000  # pointers; 0 = absent
     assert cn.plain_weights(w, b, rms, False)
     assert cn.plain_weights(w, 0, rms, False) == rms  # LayerNorm without bias needs the default beta

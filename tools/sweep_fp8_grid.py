@@ -72,7 +72,7 @@ def sweep_configs_main(out_path, timer, copy):
                     x.data_ptr(), 0, w.data_ptr(), 0 if rms else b.data_ptr(), y8.data_ptr(), 0, 0, 0,
                     scale.data_ptr(), sinv.data_ptr(), amax.data_ptr(), M, N, "bfloat16", "bfloat16", "e4m3",
                     1e-5, 0, rms, 0, stream, config=cfg)
-            shipped = cuda_norms.fwd_config(N, 2, rms)
+            shipped = cuda_norms.fwd_fp8_config(N, 2, rms)
             sweep_configs(timer, copy, f"{op} {M}x{N} (shipped {shipped})", fp8_configs(N), make, 3 * M * N,
                           results, op=op, shape=[M, N], shipped=list(shipped))
     with open(out_path, "w") as f:

@@ -4,7 +4,7 @@ Launch configs are small tables, not formulas scattered around: ``fwd_config`` /
 the kernel kind, the vector width (16-byte accesses when N and the pointers allow), the warps per row
 and the vectors per thread, so that a row lives in registers; longer rows take the looped kernels.
 Forward: one group of rows per block (non-persistent); ``forward_fp8`` is the same forward with FP8
-output (same configs, its own plan cache). Backward: persistent, staged through shared
+output, grid-stride, with its own configs (TUNED_FP8), which the fp32-output forward shares. Backward: persistent, staged through shared
 memory on sm_90 (bulk copies), with grid sizes from the compiled kernel's occupancy.
 """
 from __future__ import annotations
@@ -90,11 +90,39 @@ def _staged_config(N, itemsize, rms):
     return ("staged", vec, items, warps, stages, 0)
 
 
+# The FP8-output forward's own winners where they differ from the plain forward's (it is issue-bound,
+# not memory-bound, and prefers other splits): (items, warps) per (op, N, itemsize). Sweep
+# sweep_fp8_configs_2026-12-03T1653Z.json (bf16): RMSNorm 4096 0.821 -> 0.891 of copy, RMSNorm 14336
+# 0.876 -> 0.927, LayerNorm 14336 0.759 -> 0.775 (12 warps: not a power of two).
+# The fp32-output plain forward takes these configs too (fwd_fp8_config): the FP8 bytes and amax must
+# equal the cast of the fp32 y bit for bit, and another split of the row sums moves y by an ulp.
+TUNED_FP8: dict = {
+    ("rms", 4096, 2): (4, 4), ("rms", 14336, 2): (5, 12), ("ln", 14336, 2): (5, 12),
+}
+
+
 def fwd_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
-    """Launch config of the forward: ("rows", vec, items, warps), ("rows", vec, items, warps,
-    min_blocks) where tuned with an occupancy hint for the plain forward (the FP8 forward has its own),
-    or ("looped", vec). max_vec: the pointers' alignment in elements (align_elems)."""
+    """Launch config of the forward with 16-bit or input-typed output: ("rows", vec, items, warps),
+    ("rows", vec, items, warps, min_blocks) where tuned with an occupancy hint, or ("looped", vec).
+    max_vec: the pointers' alignment in elements (align_elems). fp32 output: fwd_fp8_config."""
     return _rows_config(N, itemsize, MAX_ITEMS_FWD, MAX_WARPS_FWD, "fwd", rms, max_vec)
+
+
+def fwd_fp8_config(N: int, itemsize: int, rms: bool = False, max_vec: int = 16):
+    """Launch config of the FP8-output forward and of the fp32-output plain forward (one config, so the
+    FP8 output is exactly the cast of the fp32 one): TUNED_FP8 where it has the shape and the pointers
+    allow its vector width, else fwd_config."""
+    t = TUNED_FP8.get(("rms" if rms else "ln", N, itemsize))
+    vec = vec_width(N, itemsize, max_vec)
+    if t is not None and vec == vec_width(N, itemsize):
+        return ("rows", vec) + t
+    return fwd_config(N, itemsize, rms, max_vec)
+
+
+def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, max_vec: int = 16):
+    """The plain forward's config for an output of o_itemsize bytes (4: the FP8 forward's config)."""
+    pick = fwd_fp8_config if o_itemsize == 4 else fwd_config
+    return pick(N, itemsize, rms, max_vec)
 
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
@@ -169,8 +197,29 @@ def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
     return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
 
-def colsum_expr(w_dt) -> str:
-    return f"fk::column_sum<{CXX[w_dt]}>"
+# column_sum's rows of threads per block (block 32 x COLSUM_LANES; tools/sweep_norm_bwd_small.py
+# compares 8 / 16 / 32).
+COLSUM_LANES = 32
+
+
+def colsum_expr(w_dt, lanes: int | None = None) -> str:
+    return f"fk::column_sum<{CXX[w_dt]}, {lanes or COLSUM_LANES}>"
+
+
+class ColumnSum:
+    """The column_sum launch of a backward plan: one launch for dweight, dbias or both (their partial
+    rows lie one after the other from ``part``, P x N fp32 each; blockIdx.y picks the output)."""
+
+    __slots__ = ("fn", "lanes")
+
+    def __init__(self, w_dt, device, lanes: int | None = None):
+        self.lanes = lanes or COLSUM_LANES
+        self.fn = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt, self.lanes), device).kernel, "pqipp", device)
+
+    def __call__(self, stream, part, P, N, outs) -> None:
+        outs = [o for o in outs if o]
+        if outs:
+            self.fn((-(-N // 32), len(outs)), (32, self.lanes), 0, stream, part, P, N, outs[0], outs[-1])
 
 
 _logged: set = set()
@@ -193,7 +242,7 @@ def _staged_ok(device: int) -> bool:
 
 
 def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w):
-    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
+    cfg = config or fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms, max_vec)
     expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # one group of rows per block
@@ -225,7 +274,7 @@ _fwd_fp8_plans: dict = {}
 
 
 def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
-    cfg = config or fwd_config(N, ITEMSIZE[x_dt], rms, max_vec)
+    cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
     expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
@@ -300,7 +349,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
     fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
-    colsum = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt), device).kernel, "pqip", device)
+    colsum = ColumnSum(w_dt, device)
     _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
     plan = _bwd_plans[key] = (fn, block, smem, rpb, fit, colsum, extra)
@@ -343,21 +392,16 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
     nblocks = _bwd_blocks(M, rpb, fit)
     P = nblocks * rpb
-    keep = []
-    dw_part = db_part = 0
-    if dw:
-        o, dw_part = alloc_f32(P * N)
-        keep.append(o)
-    if db and not rms:
-        o, db_part = alloc_f32(P * N)
-        keep.append(o)
+    outs = [o for o in (dw, 0 if rms else db) if o]
+    keep, part = (None, 0)
+    if outs:  # one buffer: the dweight partial rows, then the dbias ones
+        keep, part = alloc_f32(len(outs) * P * N)
+    dw_part = part if dw else 0
+    db_part = (part + (4 * P * N if dw else 0)) if db and not rms else 0
     sp = stream_ptr(stream)
     if M > 0:
         fn(nblocks, block, smem, sp, dy, x, w, mean, rstd, dx, dw_part, db_part, M, N, zero_centered, *extra)
-    rows = P if M > 0 else 0
-    for part, out in ((dw_part, dw), (db_part, db)):
-        if out:
-            colsum(-(-N // 32), (32, 8), 0, sp, part, rows, N, out)
+    colsum(sp, part, P if M > 0 else 0, N, outs)
     return keep
 
 
@@ -365,18 +409,19 @@ def all_expressions():
     """Every instantiation the library can request for the shapes it is tested and benchmarked on:
     the compile-all check builds these for each target."""
     exprs = {FILE: set()}
-    Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 262144)
+    Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 14336, 16384, 32768, 65536, 262144)
     for x_dt in ("float32", "float16", "bfloat16"):
         for w_dt in sorted({"float32", x_dt}):
             exprs[FILE].add(colsum_expr(w_dt))
             for rms in (False, True):
                 for N in Ns:
-                    fc = fwd_config(N, ITEMSIZE[x_dt], rms)
+                    f8 = fwd_fp8_config(N, ITEMSIZE[x_dt], rms)
                     for plain_w in (False, True):
                         for o_dt in sorted({x_dt, "float32"}):
+                            fc = fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms)
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
-                            exprs[FILE].add(fwd_fp8_expr(fc, x_dt, w_dt, fmt, rms, plain_w=plain_w))
+                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
                     for staged in (False, True):
                         for plain_w in (False, True):
                             exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms,

@@ -209,11 +209,11 @@ def _bwd_callable(platform: str, key, P: int, error: str | None = None):
     N = shape[-1]
     M = math.prod(shape[:-1])
     scratch = platform == "gpu" and P > 0
+    n_parts = int(has_w) + int(not rms)  # partial rows of dweight, then of dbias, in one scratch buffer
     results = (_sds(shape, x_dt),
                _sds((N,), w_dt) if has_w else None,
                None if rms else _sds((N,), w_dt),
-               _sds((P * N,), "float32") if scratch and has_w else None,
-               _sds((P * N,), "float32") if scratch and not rms else None)
+               _sds((n_parts * P * N,), "float32") if scratch and n_parts else None)
 
     def cpu_cb(ctx, out, dy, x, w, mean, rstd):
         dx_o, dw_o, db_o = out[:3]
@@ -233,15 +233,13 @@ def _bwd_callable(platform: str, key, P: int, error: str | None = None):
         import cupy
 
         from ..backends import cuda_norms
-        dx_o, dw_o, db_o, dw_part, db_part = out
-        parts = iter([b for b in (dw_part, db_part) if b is not None])
+        dx_o, dw_o, db_o, part = out
 
         def alloc_f32(n):
-            buf = next(parts)
-            if n > P * N:
-                raise RuntimeError(f"fusedkit: backward scratch of {P * N} floats staged, {n} needed "
-                                   f"on this device")
-            return buf, _ptr(buf)
+            if n > n_parts * P * N:
+                raise RuntimeError(f"fusedkit: backward scratch of {n_parts * P * N} floats staged, {n} "
+                                   f"needed on this device")
+            return part, _ptr(part)
 
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
