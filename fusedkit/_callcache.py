@@ -214,7 +214,9 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
         import torch
         _torch_tensor = torch.Tensor
         x_dtype, w_dtype = getattr(torch, x_dt), getattr(torch, w_dt)
-    _plans[key] = BwdPlan(fn=fn, nblocks=nblocks, block=block, smem=smem, extra=extra, colsum=colsum,
+    n_parts = int(weight is not None) + int(not rms)
+    _plans[key] = BwdPlan(fn=fn, nblocks=nblocks, block=block, smem=smem, extra=extra,
+                          colsum=colsum.launch_plan(nblocks * rpb, N, n_parts) if n_parts else None,
                           P=nblocks * rpb, device=device, shape=tuple(x.shape), x_dtype=x_dtype,
                           w_dtype=w_dtype, M=M, N=N, zero_centered=int(zero_centered),
                           has_w=weight is not None, rms=rms)
@@ -293,8 +295,8 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
     if n_parts:  # one launch sums dweight's and dbias's partial rows (blockIdx.y picks which)
         o0 = _ptr(dw if dw is not None else db)
         o1 = _ptr(db) if db is not None else o0
-        cs = plan.colsum
-        cs.fn.launch_current((-(-N // 32), n_parts), (32, cs.lanes), 0, sp, pp, P, N, o0, o1)
+        fn, grid, block = plan.colsum
+        fn.launch_current(grid, block, 0, sp, pp, P, N, o0, o1)
     return (dx, dw) if plan.rms else (dx, dw, db)
 
 

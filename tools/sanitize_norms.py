@@ -1,5 +1,6 @@
 """Small norm calls covering every kernel kind (staged and register rows, shared-memory dbias, a staged
-ring refilled by one block (5 x 16384: one block walks all five rows), looped, odd N, FP8 output), for
+ring refilled by one block (5 x 16384: one block walks all five rows), looped, odd N, column_sum plain and
+in clusters, FP8 output), for
 compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong result."""
 import cupy
 import numpy as np
@@ -30,6 +31,28 @@ for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
         if not err < (1e-2 if dtype == "float16" else 1e-4):
             print("MISMATCH", "staged" if staged else "registers", dtype, M, N, err)
             ok = False
+# column_sum in every form (plain and cluster of 2 / 4 / 8 CTAs: the cross-CTA reads of shared memory and
+# the closing cluster barrier), dweight and dbias against the reference.
+cn._staged_ok = staged_ok
+for split in (1, 2, 4, 8):
+    cn.COLSUM_SPLIT = split
+    cn._bwd_plans.clear()
+    for (M, N) in ((300, 96), (1000, 1024)):
+        x = rng.standard_normal((M, N)).astype("float32")
+        w = rng.standard_normal(N).astype("float32")
+        dy = rng.standard_normal((M, N)).astype("float32")
+        X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
+        _, m, r = fk.layer_norm(X, W, W, return_stats=True)
+        dx, dw, db = fk.layer_norm_backward(DY, X, W, m, r)
+        _, dw_want, db_want = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
+        cupy.cuda.Device().synchronize()
+        for name, got, want in (("dweight", dw, dw_want), ("dbias", db, db_want)):
+            err = np.abs(got.get().astype(np.float64) - want).max() / (np.abs(want).max() + 1e-30)
+            if not err < 1e-4:
+                print("MISMATCH column_sum split", split, name, M, N, err)
+                ok = False
+cn.COLSUM_SPLIT = None
+cn._bwd_plans.clear()
 # FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).
 cn._staged_ok = staged_ok

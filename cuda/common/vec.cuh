@@ -43,21 +43,6 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
-// Store of data written exactly once and not read back by this kernel: st.global.cs (evict first) when
-// FK_STREAM_STORES=1, else a plain store (default). Experiment knob for the norm backward's dx
-// (FUSEDKIT_NVRTC_OPTIONS=-DFK_STREAM_STORES=1 with the sweepab stage of tools/gpu_check.sh).
-#ifndef FK_STREAM_STORES
-#define FK_STREAM_STORES 0
-#endif
-template <typename T, int N>
-__device__ __forceinline__ void store_vec_stream(T* p, const Vec<T, N>& v) {
-  if constexpr (FK_STREAM_STORES && sizeof(Vec<T, N>) == 16) {
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-  } else {
-    *reinterpret_cast<Vec<T, N>*>(p) = v;
-  }
-}
-
 // Two fp32 values rounded (RNE) into one 32-bit word of 16-bit T, a in the low half: one cvt.rn.*x2.
 template <typename T>
 __device__ __forceinline__ unsigned pack2(float a, float b) {
