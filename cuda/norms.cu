@@ -36,8 +36,7 @@
 // it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row reduction with a
 // single block barrier (row_sum2_alternating), then dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS).
 // At the end each (block, row slot) writes one fp32 partial row; column_sum adds the partials of
-// dweight and dbias in one launch (fixed order, so results are deterministic; on sm_90 the rows split
-// over a cluster of CTAs when N / 32 CTAs would leave SMs idle: column_sum_cluster). PLAIN_W (host-chosen): weights given, gamma not zero-centred.
+// dweight and dbias in one launch (fixed order, so results are deterministic). PLAIN_W (host-chosen): weights given, gamma not zero-centred.
 //   norm_bwd_staged (sm_90): x and dy of the next groups of rows arrive by bulk copies into a ring of
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
@@ -58,7 +57,6 @@
 #include "common/reduce.cuh"
 #include "common/bulk.cuh"
 #include "common/fp8.cuh"
-#include "common/cluster.cuh"
 
 namespace fk {
 
@@ -785,61 +783,32 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // accumulators, then the LANES sums in a fixed order: deterministic). The partials were just written,
 // so they come from L2 and the sum is latency-bound: lanes and loads in flight, not bytes, set its time
 // (sweep_norm_bwd_small 1813Z: 32 lanes against 8 took 13 us off the RMSNorm 131072 x 1024 backward).
-//   column_sum: one CTA per 32 columns (N / 32 CTAs: 32 at N = 1024, too few to fill the GPU).
-//   column_sum_cluster (sm_90): the rows split over a cluster of SPLIT CTAs (rank r takes every
-//     SPLIT-th group of LANES rows); rank 0 adds the SPLIT column sums from the others' shared memory
-//     in rank order, so the result is as deterministic as the plain kernel's (not bit-equal to it).
-template <int LANES, int SPLIT>
-__device__ __forceinline__ float column_sum_rows(const float* __restrict__ src, long long P, int N, int rank,
-                                                 bool active) {
-  __shared__ float tile[LANES][33];
-  constexpr int STRIDE = SPLIT * LANES;
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-  if (active) {
-    long long p = rank * LANES + threadIdx.y;
-    for (; p + 3 * STRIDE < P; p += 4 * STRIDE) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) s[k] += src[(p + k * STRIDE) * N];
-    }
-    for (; p < P; p += STRIDE) s[0] += src[p * N];
-  }
-  tile[threadIdx.y][threadIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
-  __syncthreads();
-  float t = 0.f;
-  if (threadIdx.y == 0) {
-#pragma unroll
-    for (int i = 0; i < LANES; ++i) t += tile[i][threadIdx.x];
-  }
-  return t;  // the CTA's column sum, in the threads of row y = 0
-}
-
+// Splitting the rows over a cluster of 2-8 CTAs (more SMs at N = 1024, rank 0 adding their sums from
+// distributed shared memory) was measured and dropped: within +-1 % at 131072 x 1024, up to 2x slower
+// at the small shapes (sweep_norm_bwd_small 1825Z).
 template <typename W, int LANES>
 __global__ void __launch_bounds__(32 * LANES)
 column_sum(const float* __restrict__ part, long long P, int N, W* __restrict__ out0, W* __restrict__ out1) {
+  __shared__ float tile[LANES][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
-  const float t = column_sum_rows<LANES, 1>(part + blockIdx.y * P * N + col, P, N, 0, col < N);
-  if (threadIdx.y == 0 && col < N) (blockIdx.y ? out1 : out0)[col] = from_float<W>(t);
-}
-
-template <typename W, int LANES, int SPLIT>
-__global__ void FK_CLUSTER_DIMS(SPLIT) __launch_bounds__(32 * LANES)
-column_sum_cluster(const float* __restrict__ part, long long P, int N, W* __restrict__ out0,
-                   W* __restrict__ out1) {
-  __shared__ float cta_sum[32];
-  const int rank = blockIdx.x % SPLIT;
-  const int col = (blockIdx.x / SPLIT) * 32 + threadIdx.x;
-  float t = column_sum_rows<LANES, SPLIT>(part + blockIdx.y * P * N + col, P, N, rank, col < N);
-  if (threadIdx.y == 0) cta_sum[threadIdx.x] = t;
-  cluster_arrive();
-  cluster_wait();
-  if (rank == 0 && threadIdx.y == 0) {
-    t = 0.f;
+  const float* src = part + blockIdx.y * P * N + col;
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  if (col < N) {
+    long long p = threadIdx.y;
+    for (; p + 3 * LANES < P; p += 4 * LANES) {
 #pragma unroll
-    for (int r = 0; r < SPLIT; ++r) t += ld_cluster_f32(&cta_sum[threadIdx.x], r);
-    if (col < N) (blockIdx.y ? out1 : out0)[col] = from_float<W>(t);
+      for (int k = 0; k < 4; ++k) s[k] += src[(p + k * LANES) * N];
+    }
+    for (; p < P; p += LANES) s[0] += src[p * N];
   }
-  cluster_arrive();  // no CTA exits while rank 0 may still read its cta_sum
-  cluster_wait();
+  tile[threadIdx.y][threadIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    float t = 0.f;
+#pragma unroll
+    for (int i = 0; i < LANES; ++i) t += tile[i][threadIdx.x];
+    (blockIdx.y ? out1 : out0)[col] = from_float<W>(t);
+  }
 }
 
 }  // namespace fk

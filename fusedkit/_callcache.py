@@ -216,7 +216,7 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
         x_dtype, w_dtype = getattr(torch, x_dt), getattr(torch, w_dt)
     n_parts = int(weight is not None) + int(not rms)
     _plans[key] = BwdPlan(fn=fn, nblocks=nblocks, block=block, smem=smem, extra=extra,
-                          colsum=colsum.launch_plan(nblocks * rpb, N, n_parts) if n_parts else None,
+                          colsum=colsum.launch_plan(N, n_parts) if n_parts else None,
                           P=nblocks * rpb, device=device, shape=tuple(x.shape), x_dtype=x_dtype,
                           w_dtype=w_dtype, M=M, N=N, zero_centered=int(zero_centered),
                           has_w=weight is not None, rms=rms)

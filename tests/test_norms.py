@@ -324,23 +324,21 @@ def test_backward_weight_forms(kernel_path, weights, shape, rms):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 2, 4, 8])
+@pytest.mark.parametrize("lanes", [8, 32])
 @pytest.mark.parametrize("shape", [(4096, 1024), (777, 96), (2, 3, 4096), (1, 64)], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-def test_column_sum_splits(split, shape, rms, monkeypatch):
-    """dweight / dbias through every column_sum form the dispatch can pick (the plain kernel and the
-    cluster kernels of 2, 4 and 8 CTAs, forced), first call and cached repeat, on CuPy arrays;
-    P below, at and above split x lanes, and N not a multiple of 32 (96: three column groups)."""
-    cupy = pytest.importorskip("cupy")
+def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
+    """dweight / dbias through column_sum with 8 and 32 lanes (partial rows fewer than, equal to and
+    more than 4 x lanes, so the four-load loop and its tail both run; N not a multiple of 32), first
+    call and the cached repeat of the call cache, on CuPy arrays."""
+    pytest.importorskip("cupy")
     from fusedkit import _callcache
     from fusedkit.backends import cuda_norms as cn
-    if split > 1 and cupy.cuda.Device().compute_capability < "90":
-        pytest.skip("cluster column_sum: sm_90+")
-    monkeypatch.setattr(cn, "COLSUM_SPLIT", split)
+    monkeypatch.setattr(cn, "COLSUM_LANES", lanes)
     monkeypatch.setattr(cn, "_bwd_plans", {})
     _callcache.clear()
-    dtype = "bfloat16"
-    rng, x, w, b = _make("cupy", dtype, shape, dtype, ("colsum", split, shape, rms))
+    dtype = "float16"
+    rng, x, w, b = _make("cupy", dtype, shape, dtype, ("colsum", lanes, shape, rms))
     dy = rand(rng, shape, dtype)
     X, W, B, DY = (to_backend(a, "cupy") for a in (x, w, b, dy))
     dx64, dw64, db64 = ref64_backward(dy, x, w, 1e-5, rms)
@@ -355,36 +353,6 @@ def test_column_sum_splits(split, shape, rms, monkeypatch):
         assert_close(dx, dx64.reshape(shape), dtype, f"dx, {attempt}")
         assert_rel(dw, dw64, dtype, f"dweight, {attempt}")
     _callcache.clear()
-
-
-def test_column_sum_split_rule():
-    """CPU: the cluster split doubles while the grid is under two CTAs per SM and every CTA keeps at
-    least two rows per lane; never without clusters; COLSUM_SPLIT forces it."""
-    from fusedkit.backends import cuda_norms as cn
-    lanes = cn.COLSUM_LANES
-    assert cn.colsum_split(4096, 1024, 2, 132, False, lanes) == 1
-    assert cn.colsum_split(4096, 1024, 2, 132, True, lanes) == 8          # 64 CTAs -> 512
-    assert cn.colsum_split(3000, 1024, 1, 132, True, lanes) == 8          # 32 CTAs -> 256, still < 264
-    assert cn.colsum_split(256, 1024, 2, 132, True, lanes) == 4           # 256 rows: 2 x 4 x 32 at most
-    assert cn.colsum_split(100, 1024, 2, 132, True, lanes) == 1
-    assert cn.colsum_split(4096, 16384, 1, 132, True, lanes) == 1         # 512 CTAs already
-    assert cn.colsum_split(4096, 4096, 2, 132, True, lanes) == 2          # 256 CTAs -> 512
-    for n_parts in (1, 2):
-        for P in (1, 64, 1000, 10**5):
-            for N in (1, 96, 1024, 8192, 65536):
-                s = cn.colsum_split(P, N, n_parts, 132, True, lanes)
-                assert s in (1, 2, 4, 8) and (s == 1 or P >= 2 * s * lanes)
-    old = cn.COLSUM_SPLIT
-    try:
-        cn.COLSUM_SPLIT = 4
-        assert cn.colsum_split(1, 1, 1, 132, True, lanes) == 4
-        assert cn.colsum_split(1, 1, 1, 132, False, lanes) == 1
-    finally:
-        cn.COLSUM_SPLIT = old
-    exprs = set(cn.all_expressions()[cn.FILE])
-    for w_dt in DTYPES:
-        for split in (1, 2, 4, 8):
-            assert cn.colsum_expr(w_dt, split=split) in exprs
 
 
 @pytest.mark.gpu

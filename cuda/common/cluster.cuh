@@ -57,20 +57,6 @@ __device__ __forceinline__ float4 ld_cluster_f4(const void* local, unsigned rank
   return v;
 }
 
-// The float at `local` (a __shared__ address of this CTA) in the shared memory of CTA `rank`.
-__device__ __forceinline__ float ld_cluster_f32(const void* local, unsigned rank) {
-  float v = 0.f;
-#if __CUDA_ARCH__ >= 900
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-#else
-  __trap();
-#endif
-  return v;
-}
-
 // The statistics of the whole cluster from each CTA's (identical in every thread of a CTA; 1-D
 // cluster, rank = blockIdx.x % CLUSTER). Every thread of every CTA must call it. Leaves a cluster
 // barrier phase open for the caller's cluster_arrive / cluster_wait pair (see above).

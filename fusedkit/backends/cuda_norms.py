@@ -197,63 +197,34 @@ def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
     return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
 
-# column_sum's rows of threads per block (block 32 x COLSUM_LANES; tools/sweep_norm_bwd_small.py
-# compares 8 / 16 / 32: 32 won at every shape of sweep 1813Z).
+# column_sum's rows of threads per block (block 32 x COLSUM_LANES; 8 / 16 / 32 swept in
+# sweep_norm_bwd_small_lanes_2026-12-03T1813Z.json: 32 won at every shape, RMSNorm 131072 x 1024
+# backward 0.845 -> 0.898 of copy against 8).
 COLSUM_LANES = 32
-# The rows of column_sum split over a cluster of up to COLSUM_MAX_SPLIT CTAs (sm_90) when N / 32 CTAs
-# per output would leave SMs idle (rule in colsum_split); COLSUM_SPLIT forces a split (sweeps; None: the
-# rule).
-COLSUM_MAX_SPLIT = 8
-COLSUM_SPLIT = None
 
 
-def colsum_split(P: int, N: int, n_parts: int, sms: int, clusters: bool, lanes: int) -> int:
-    """CTAs per cluster for column_sum: doubled while the grid holds fewer CTAs than two per SM (two
-    1024-thread CTAs fill one) and each CTA keeps two rows per lane or more; 1 without clusters."""
-    if not clusters:
-        return 1
-    if COLSUM_SPLIT is not None:
-        return COLSUM_SPLIT
-    ctas, split = -(-N // 32) * n_parts, 1
-    while split < COLSUM_MAX_SPLIT and ctas * split < 2 * sms and P >= 2 * (2 * split) * lanes:
-        split *= 2
-    return split
-
-
-def colsum_expr(w_dt, lanes: int | None = None, split: int = 1) -> str:
-    lanes = lanes or COLSUM_LANES
-    if split == 1:
-        return f"fk::column_sum<{CXX[w_dt]}, {lanes}>"
-    return f"fk::column_sum_cluster<{CXX[w_dt]}, {lanes}, {split}>"
+def colsum_expr(w_dt, lanes: int | None = None) -> str:
+    return f"fk::column_sum<{CXX[w_dt]}, {lanes or COLSUM_LANES}>"
 
 
 class ColumnSum:
-    """The column_sum launches of a backward plan: one launch for dweight, dbias or both (their
-    partial rows lie one after the other from ``part``, P x N fp32 each; blockIdx.y picks the output),
-    as the cluster kernel where colsum_split asks for it."""
+    """The column_sum launch of a backward plan: one launch for dweight, dbias or both (their partial
+    rows lie one after the other from ``part``, P x N fp32 each; blockIdx.y picks the output)."""
 
-    __slots__ = ("w_dt", "device", "lanes", "sms", "clusters", "_fns")
+    __slots__ = ("fn", "lanes")
 
     def __init__(self, w_dt, device, lanes: int | None = None):
-        import cupy
-        self.w_dt, self.device, self.lanes = w_dt, device, lanes or COLSUM_LANES
-        self.sms = sm_count(device)
-        self.clusters = cupy.cuda.Device(device).compute_capability >= "90"
-        self._fns = {}
+        self.lanes = lanes or COLSUM_LANES
+        self.fn = Launcher(_jit.get_kernel(FILE, colsum_expr(w_dt, self.lanes), device).kernel, "pqipp", device)
 
-    def launch_plan(self, P: int, N: int, n_parts: int):
-        """(Launcher, grid, block) of the sum of n_parts buffers of P x N partial rows."""
-        split = colsum_split(P, N, n_parts, self.sms, self.clusters, self.lanes)
-        fn = self._fns.get(split)
-        if fn is None:
-            expr = colsum_expr(self.w_dt, self.lanes, split)
-            fn = self._fns[split] = Launcher(_jit.get_kernel(FILE, expr, self.device).kernel, "pqipp", self.device)
-        return fn, (split * -(-N // 32), n_parts), (32, self.lanes)
+    def launch_plan(self, N: int, n_parts: int):
+        """(Launcher, grid, block) of the sum of n_parts buffers of partial rows of width N."""
+        return self.fn, (-(-N // 32), n_parts), (32, self.lanes)
 
     def __call__(self, stream, part, P, N, outs) -> None:
         outs = [o for o in outs if o]
         if outs:
-            fn, grid, block = self.launch_plan(P, N, len(outs))
+            fn, grid, block = self.launch_plan(N, len(outs))
             fn(grid, block, 0, stream, part, P, N, outs[0], outs[-1])
 
 
@@ -449,8 +420,7 @@ def all_expressions():
     Ns = (1, 7, 64, 781, 1024, 2048, 4096, 8192, 14336, 16384, 32768, 65536, 262144)
     for x_dt in ("float32", "float16", "bfloat16"):
         for w_dt in sorted({"float32", x_dt}):
-            for split in (1, 2, 4, 8):
-                exprs[FILE].add(colsum_expr(w_dt, split=split))
+            exprs[FILE].add(colsum_expr(w_dt))
             for rms in (False, True):
                 for N in Ns:
                     f8 = fwd_fp8_config(N, ITEMSIZE[x_dt], rms)
