@@ -411,9 +411,6 @@ norm_fwd_looped_fp8(const T* __restrict__ x, const T* __restrict__ residual, con
 // LayerNorm with 32+ columns per thread: dweight + dbias accumulators plus the row would exceed 128
 // registers and spill, so dbias accumulates in shared memory (RPB x N floats, dynamic; each thread
 // touches only its own columns, so no barriers). Python's bwd_smem_bytes mirrors this condition.
-#ifndef FK_BWD_DB_REGS
-#define FK_BWD_DB_REGS 0
-#endif
 template <int VEC, int ITEMS, bool RMS>
 struct DbiasInSmem {
   static constexpr bool value = !RMS && ITEMS * VEC >= 32;
@@ -683,19 +680,14 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
   const long long ngroups = (M + RPB - 1) / RPB, group = (long long)RPB * N;
   // Accumulators in registers (dbias rows after the ring when DbiasInSmem). Both in shared memory was
   // measured 5-25% slower (sweep 1631Z).
-  // FK_BWD_DB_REGS=1 (experiment): where DbiasInSmem applies, dbias stays in registers instead and the
-  // weights are reloaded per row (GW_REGS off) to make room: the shared-memory dbias read-modify-write
-  // (as many bytes per row as the stage holds) against L1 weight loads.
-  constexpr bool DB_REGS = FK_BWD_DB_REGS && DbiasInSmem<VEC, ITEMS, RMS>::value;
-  constexpr bool GW_REGS = PLAIN_W && !DB_REGS;
-  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value && !DB_REGS> acc;
+  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * group) + threadIdx.y * N;
   const StageRing ring(bars, stages);
   const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
   Vec<W, VEC> gw[ITEMS];
-  bwd_load_weights<GW_REGS, W, VEC, ITEMS, T_ROW>(gw, w, N);
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, w, N);
   if (producer) ring.init();
   __syncthreads();
   if (producer)
@@ -716,11 +708,11 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     Vec<T, VEC> xr[ITEMS], gr[ITEMS];
     read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, row_ok, N);
     read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + group, row_ok, N);
-    const float2 part = backward_sums<GW_REGS, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, acc, N, zero_centered);
     // One barrier per row: the reduction's, after which every thread has read stage s (refill it).
     const float2 sums = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
     if (producer) issue_group<T, RPB>(ring, ring_base, x, dy, k + stages, s, M, N);
-    if (row_ok) backward_dx<GW_REGS, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
+    if (row_ok) backward_dx<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx, row, N, zero_centered);
     row = next;
     mean = next_mean;
     rstd = next_rstd;
