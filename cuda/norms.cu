@@ -41,6 +41,9 @@
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
 //     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (swept; 0 = default wins).
+//   norm_bwd_staged_pair (sm_90, experiment: dispatched only where cuda_norms.TUNED_PAIR names the
+//     shape, empty until measured): each row split over a cluster of two CTAs, the row sums exchanged
+//     through distributed shared memory.
 //   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
 //   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
 // Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).
@@ -57,6 +60,7 @@
 #include "common/reduce.cuh"
 #include "common/bulk.cuh"
 #include "common/fp8.cuh"
+#include "common/cluster.cuh"
 
 namespace fk {
 
@@ -551,17 +555,17 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
   return make_float2(s_gdx, s_gd);
 }
 
+// dx of `ncols` columns (the thread's vectors of them, as in backward_sums) written from dx_row; inv_n
+// is 1 / the full row length (norm_bwd_staged_pair: each CTA of the pair holds half of the row).
 template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
-__device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
-                                            const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
-                                            float mean, float rstd, float2 sums, T* __restrict__ dx,
-                                            long long row, int N, int zero_centered) {
+__device__ __forceinline__ void backward_dx_cols(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                                 const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                                 float mean, float rstd, float2 sums, T* __restrict__ dx_row,
+                                                 int ncols, float inv_n, int zero_centered) {
   constexpr int T_ROW = 32 * WARPS;
-  const int nvec = N / VEC;
-  const float inv_n = 1.f / (float)N;
+  const int nvec = ncols / VEC;
   const float c1 = sums.x * inv_n, c2 = RMS ? 0.f : sums.y * inv_n;
   const float k1 = -rstd * c1;
-  const long long base = row * (long long)N;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
@@ -575,9 +579,18 @@ __device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], cons
         const float gd = __fmul_rn(vec_elem(gr[i], j), g[j]);  // as in backward_sums: not contracted
         out.v[j] = from_float<T>(rstd * fmaf(xm, k1, RMS ? gd : gd - c2));
       }
-      store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
+      store_vec<T, VEC>(dx_row + (long long)v * VEC, out);
     }
   }
+}
+
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
+__device__ __forceinline__ void backward_dx(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                            const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
+                                            float mean, float rstd, float2 sums, T* __restrict__ dx,
+                                            long long row, int N, int zero_centered) {
+  backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, w, mean, rstd, sums, dx + row * (long long)N,
+                                                          N, 1.f / (float)N, zero_centered);
 }
 
 // Register rows (any GPU, or pointers not 16-byte aligned): loads straight to registers.
@@ -718,6 +731,89 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     rstd = next_rstd;
   }
   acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
+}
+
+// Experiment (not in the dispatch: cuda_norms.TUNED_PAIR is empty): each row split over a cluster of two
+// CTAs, each holding half the columns (the config of the half-row width, e.g. N = 16384 runs two
+// 8192-column CTAs: that kernel reads 0.87 / 0.91 of copy where the 16384 one reads 0.76 / 0.85). Per
+// row each CTA reduces its half (one block barrier), publishes its two sums in shared memory and
+// passes a cluster barrier; both CTAs add the two halves' sums in rank order (identical bits in both)
+// and write dx for their columns. The sums' slot alternates by row parity: a CTA rewrites slot k & 1 at
+// row k + 2, after the cluster barrier of row k + 1, which its peer reaches only after reading slot k.
+// Ring, weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per
+// cluster (each CTA writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
+template <typename T>
+__device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_base, const T* a, const T* b,
+                                               long long row, int s, long long M, int N, int half, int col0) {
+  if (row >= M) return;
+  const unsigned bytes = (unsigned)(half * sizeof(T));
+  T* dst = ring_base + (long long)s * 2 * half;
+  ring.expect(s, 2 * bytes);
+  bulk_load(dst, a + row * N + col0, bytes, ring.bar(s));
+  bulk_load(dst + half, b + row * N + col0, bytes, ring.bar(s));
+}
+
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS>
+__global__ void FK_CLUSTER_DIMS(2) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
+norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                     const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                     float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
+                     int zero_centered, int stages) {
+  static_assert(WARPS >= 4, "one row (half) per block");
+  constexpr int T_ROW = 32 * WARPS;
+  __shared__ unsigned long long bars[kMaxStages];
+  __shared__ float2 half_sums[2];  // this CTA's (sum g*dy*xhat, sum g*dy), by row parity
+  extern __shared__ __align__(128) unsigned char staged_smem[];
+  T* ring_base = reinterpret_cast<T*>(staged_smem);
+  const unsigned rank = cluster_ctarank();
+  const long long cid = cluster_index(), ncl = cluster_count();
+  const int half = N / 2, col0 = (int)rank * half;
+  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * half);
+  const StageRing ring(bars, stages);
+  const bool producer = threadIdx.x == 0;
+  acc.template zero<T_ROW>(half / VEC);
+  const W* wh = w != nullptr ? w + col0 : nullptr;
+  Vec<W, VEC> gw[ITEMS];
+  bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, wh, half);
+  if (producer) ring.init();
+  __syncthreads();
+  if (producer)
+    for (int k = 0; k < stages; ++k) issue_half_row<T>(ring, ring_base, x, dy, cid + k * ncl, k, M, N, half, col0);
+  long long row = cid;
+  float mean = (!RMS && row < M) ? mean_in[row] : 0.f, rstd = row < M ? rstd_in[row] : 0.f;
+  const float inv_n = 1.f / (float)N;
+  int s = 0;
+  unsigned phase = 0;
+  for (int k = 0; row < M; ++k, ring.next(s, phase)) {  // both CTAs of the pair walk the same rows
+    const long long next = row + ncl;
+    const float next_mean = (!RMS && next < M) ? mean_in[next] : 0.f;
+    const float next_rstd = next < M ? rstd_in[next] : 0.f;
+    const T* xs = ring_base + (long long)s * 2 * half;
+    ring.wait(s, phase);
+    Vec<T, VEC> xr[ITEMS], gr[ITEMS];
+    read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, true, half);
+    read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + half, true, half);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd, acc, half,
+                                                                           zero_centered);
+    const float2 mine = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
+    if (producer) issue_half_row<T>(ring, ring_base, x, dy, row + (long long)stages * ncl, s, M, N, half, col0);
+    if (threadIdx.x == 0) half_sums[k & 1] = mine;
+    cluster_arrive();
+    cluster_wait();
+    const float2 a = ld_cluster_f2(&half_sums[k & 1], 0), b = ld_cluster_f2(&half_sums[k & 1], 1);
+    const float2 sums = make_float2(a.x + b.x, a.y + b.y);
+    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd, sums, dx + row * N + col0,
+                                                            half, inv_n, zero_centered);
+    row = next;
+    mean = next_mean;
+    rstd = next_rstd;
+  }
+  cluster_arrive();  // no CTA exits while its peer may still read its half_sums
+  cluster_wait();
+  const long long p = cid * (long long)N + col0;
+  acc.template write<T_ROW>(dw_part != nullptr ? dw_part + p : nullptr,
+                            (RMS || db_part == nullptr) ? nullptr : db_part + p, 0, half);
 }
 
 // ---------------------------------------------------------------------------------------------------

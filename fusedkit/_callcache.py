@@ -204,8 +204,8 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
         return
     from .backends import cuda_norms
     plain_w = cuda_norms.bwd_plain_weights(weight is not None, zero_centered)
-    fn, block, smem, rpb, fit, colsum, extra = cuda_norms._bwd_plan(N, x_dt, w_dt, rms, device, None, 16, plain_w)
-    nblocks = cuda_norms._bwd_blocks(M, rpb, fit)
+    launch = cuda_norms._bwd_plan(N, x_dt, w_dt, rms, device, None, 16, plain_w)
+    nblocks, P = launch.grid(M)
     if kind == "cupy":
         import cupy
         _cupy, _cupy_ndarray = cupy, cupy.ndarray
@@ -215,9 +215,10 @@ def remember_norm_backward(dy, x, weight, mean, rstd, zero_centered, rms, kind, 
         _torch_tensor = torch.Tensor
         x_dtype, w_dtype = getattr(torch, x_dt), getattr(torch, w_dt)
     n_parts = int(weight is not None) + int(not rms)
-    _plans[key] = BwdPlan(fn=fn, nblocks=nblocks, block=block, smem=smem, extra=extra,
-                          colsum=colsum.launch_plan(N, n_parts) if n_parts else None,
-                          P=nblocks * rpb, device=device, shape=tuple(x.shape), x_dtype=x_dtype,
+    _plans[key] = BwdPlan(fn=launch.fn, nblocks=nblocks, block=launch.block, smem=launch.smem,
+                          extra=launch.extra,
+                          colsum=launch.colsum.launch_plan(N, n_parts) if n_parts else None,
+                          P=P, device=device, shape=tuple(x.shape), x_dtype=x_dtype,
                           w_dtype=w_dtype, M=M, N=N, zero_centered=int(zero_centered),
                           has_w=weight is not None, rms=rms)
 

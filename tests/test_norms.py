@@ -356,6 +356,53 @@ def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
+@pytest.mark.parametrize("shape", [(7, 16384), (300, 8192), (1, 16384), (2, 67, 16384)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_pair_backward(weights, shape, rms, monkeypatch):
+    """The two-CTA backward (norm_bwd_staged_pair: each row split over a cluster of two CTAs, the row
+    sums exchanged through distributed shared memory), forced through TUNED_PAIR: dx, dweight and
+    dbias against the float64 reference for every weight form, first call and cached repeat, with row
+    counts below, at and above the resident clusters."""
+    torch = pytest.importorskip("torch")
+    from fusedkit import _callcache
+    from fusedkit.backends import cuda_norms as cn
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies: sm_90+")
+    N = shape[-1]
+    monkeypatch.setattr(cn, "TUNED_PAIR", {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms)[2:]})
+    monkeypatch.setattr(cn, "_bwd_plans", {})
+    _callcache.clear()
+    dtype = "bfloat16"
+    rng, x, w, b = _make("torch", dtype, shape, dtype, ("pair", weights, shape, rms))
+    zc = weights == "zero_centered"
+    if zc:
+        w = (w.astype(np.float32) - 1.0).astype(w.dtype)
+    dy = rand(rng, shape, dtype)
+    X, W, B, DY = (to_backend(a, "torch") for a in (x, w, b, dy))
+    Wk = None if weights == "none" else W
+    g = None if weights == "none" else (w.astype(np.float64) + (1.0 if zc else 0.0))
+    dx64, dw64, db64 = ref64_backward(dy, x, g, 1e-5, rms)
+    for attempt in ("first call", "cached plan"):
+        if rms:
+            _, rstd = fk.rms_norm(X, Wk, zero_centered_gamma=zc, return_stats=True)
+            out = fk.rms_norm_backward(DY, X, Wk, rstd, zero_centered_gamma=zc)
+        else:
+            _, mean, rstd = fk.layer_norm(X, Wk, B if Wk is not None else None, zero_centered_gamma=zc,
+                                          return_stats=True)
+            out = fk.layer_norm_backward(DY, X, Wk, mean, rstd, zero_centered_gamma=zc)
+            assert_rel(out[2], db64, dtype, f"dbias, {attempt}")
+        torch.cuda.synchronize()
+        assert_close(out[0], dx64.reshape(shape), dtype, f"dx, {attempt}")
+        if Wk is not None:
+            assert_rel(out[1], dw64, dtype, f"dweight, {attempt}")
+        else:
+            assert out[1] is None
+    assert any(p.ctas == 2 for p in cn._bwd_plans.values()), "the pair kernel was not dispatched"
+    _callcache.clear()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda o: f"offset{o}")
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_misaligned_pointers(offset, rms):
@@ -427,6 +474,14 @@ def test_backward_kernels_are_registered(rms):
                 if cfg[0] == "staged":
                     assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
                     assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
+    for N in (8192, 16384):  # the pair experiment's kernels (forced by tests) are registered too
+        pair = cn.pair_from_half(N, 2, rms)
+        assert pair is not None and pair[3] >= 4
+        for plain_w in (False, True):
+            assert cn.bwd_expr(pair, "bfloat16", "bfloat16", rms, plain_w=plain_w) in exprs
+        assert cn.bwd_smem_bytes(pair, rms, N, 2) == pair[4] * 2 * (N // 2) * 2 + (
+            0 if rms or pair[2] * pair[1] < 32 else pair[2] * pair[1] * 32 * pair[3] * 4)
+    assert not cn.TUNED_PAIR, "the pair backward is an experiment until the H200 measures it"
     assert cn.bwd_plain_weights(0x1000, False) and not cn.bwd_plain_weights(0x1000, True)
     assert not cn.bwd_plain_weights(0, False)
     for (op, N, s), t in cn.TUNED_STAGED.items():

@@ -1,7 +1,7 @@
 """Small norm calls covering every kernel kind (staged and register rows, shared-memory dbias, a staged
 ring refilled by one block (5 x 16384: one block walks all five rows), looped, odd N, column_sum with 8
-and 32 lanes, FP8 output), for compute-sanitizer memcheck / racecheck. Exits non-zero on a wrong
-result."""
+and 32 lanes, the two-CTA backward experiment, FP8 output), for compute-sanitizer memcheck / racecheck.
+Exits non-zero on a wrong result."""
 import cupy
 import numpy as np
 
@@ -52,6 +52,35 @@ for lanes in (8, 32):
                 print("MISMATCH column_sum lanes", lanes, name, M, N, err)
                 ok = False
 cn.COLSUM_LANES = 32
+cn._bwd_plans.clear()
+# The two-CTA backward experiment (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row
+# sums read from the peer's shared memory), forced through TUNED_PAIR; more rows than resident clusters.
+for (M, N) in ((5, 16384), (700, 8192)):
+    for rms in (False, True):
+        cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms)[2:]}
+        cn._bwd_plans.clear()
+        x = rng.standard_normal((M, N)).astype("float16")
+        w = rng.standard_normal(N).astype("float16")
+        dy = rng.standard_normal((M, N)).astype("float16")
+        X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
+        if rms:
+            _, r = fk.rms_norm(X, W, return_stats=True)
+            dx, dw = fk.rms_norm_backward(DY, X, W, r)
+            dx_want, dw_want = ref.rms_norm_backward(dy, x, w, r.get())
+        else:
+            _, m, r = fk.layer_norm(X, W, W, return_stats=True)
+            dx, dw, db = fk.layer_norm_backward(DY, X, W, m, r)
+            dx_want, dw_want, _ = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
+        cupy.cuda.Device().synchronize()
+        if not any(p.ctas == 2 for p in cn._bwd_plans.values()):
+            print("MISMATCH pair kernel not dispatched", M, N, rms)
+            ok = False
+        for name, got, want in (("dx", dx, dx_want), ("dweight", dw, dw_want)):
+            err = np.abs(got.get().astype(np.float64) - want).max() / (np.abs(want).max() + 1e-30)
+            if not err < 2e-2:
+                print("MISMATCH pair", "rms" if rms else "ln", name, M, N, err)
+                ok = False
+cn.TUNED_PAIR = {}
 cn._bwd_plans.clear()
 # FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).

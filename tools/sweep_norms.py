@@ -24,6 +24,10 @@ SWEEP_NS = tuple(int(n) for n in os.environ.get("SWEEP_NS", "1024,4096,8192,1638
 # depths (e.g. "3": 192 KB at N = 16384) are opt-in
 MAX_WARPS = int(os.environ.get("SWEEP_MAX_WARPS", "16"))
 EXTRA_STAGES = tuple(int(s) for s in os.environ.get("SWEEP_STAGES", "").split(",") if s)
+# SWEEP_PAIR=1: the backward candidates also include the two-CTA kernel (norm_bwd_staged_pair, each
+# row split over a cluster of two CTAs), with every staged config of the half row (4+ warps); with
+# SWEEP_TUNED_ONLY=1, the pair made from the half row's shipped staged config.
+PAIR = os.environ.get("SWEEP_PAIR", "0") == "1"
 
 
 def min_blocks_choices(threads):
@@ -34,7 +38,10 @@ def min_blocks_choices(threads):
 def candidates(N, direction, rms):
     """Register kernels (warps x vectors per thread) and staged kernels (x ring depth x min blocks)."""
     if TUNED_ONLY:
-        return [cn.fwd_config(N, 2, rms) if direction == "fwd" else cn.bwd_config(N, 2, rms, staged=True)]
+        if direction == "fwd":
+            return [cn.fwd_config(N, 2, rms)]
+        pair = cn.pair_from_half(N, 2, rms) if PAIR else None
+        return [cn.bwd_config(N, 2, rms, staged=True)] + ([pair] if pair else [])
     vec = cn.vec_width(N, 2)
     nv = N // vec
     out = []
@@ -56,7 +63,20 @@ def candidates(N, direction, rms):
                 for st in sorted(depths):
                     for mb in min_blocks_choices(threads):
                         out.append(("staged", vec, items, warps, st, mb))
+    if PAIR and direction == "bwd" and N % (2 * vec) == 0:
+        for c in candidates_plain(N // 2, rms):
+            out.append(("pair",) + c[1:])
     return out
+
+
+def candidates_plain(N, rms):
+    """The staged backward candidates of rows of N with one row per block (the pair's half rows)."""
+    global PAIR
+    saved, PAIR = PAIR, False
+    try:
+        return [c for c in candidates(N, "bwd", rms) if c[0] == "staged" and c[3] >= 4]
+    finally:
+        PAIR = saved
 
 
 def expr_of(cfg, direction, rms):

@@ -51,6 +51,10 @@ TUNED_STAGED: dict = {
     ("rms", 1024, 2): (2, 2, 2, 0), ("rms", 4096, 2): (1, 16, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
     ("rms", 16384, 2): (4, 16, 2, 0),
 }
+# Experiment, not in the dispatch while empty: the backward with each row split over a cluster of two
+# CTAs (norm_bwd_staged_pair, sm_90), tuned (items, warps, stages, min_blocks) of the half row per
+# (op, N, itemsize). Tests and tools/sweep_norms.py (SWEEP_PAIR=1) fill it to measure it.
+TUNED_PAIR: dict = {}
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
 
@@ -125,11 +129,28 @@ def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, 
     return pick(N, itemsize, rms, max_vec)
 
 
+def pair_from_half(N, itemsize, rms):
+    """A pair config for rows of N: the staged config of the half row (N / 2), or None."""
+    half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
+    return None if half is None or half[3] < 4 else ("pair",) + half[1:]
+
+
+def _pair_config(N, itemsize, rms):
+    """The two-CTA backward where TUNED_PAIR has the shape and the half row keeps 16-byte vectors."""
+    t = TUNED_PAIR.get(("rms" if rms else "ln", N, itemsize))
+    vec = vec_width(N, itemsize)
+    if t is None or vec * itemsize != 16 or N % (2 * vec):
+        return None
+    return ("pair", vec) + tuple(t)
+
+
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
-    """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks) when `staged` is allowed
-    (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items, warps) or ("looped",
-    vec)."""
-    cfg = _staged_config(N, itemsize, rms) if staged and max_vec >= 16 // itemsize else None
+    """Launch config of the backward: ("pair" | "staged", vec, items, warps, stages, min_blocks) when
+    `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
+    warps) or ("looped", vec)."""
+    cfg = None
+    if staged and max_vec >= 16 // itemsize:
+        cfg = _pair_config(N, itemsize, rms) or _staged_config(N, itemsize, rms)
     return cfg or _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms, max_vec)
 
 
@@ -177,12 +198,13 @@ def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w) -> str:
 
 def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
     """plain_w: weights given and gamma not zero-centred (the backward reads gamma without defaults)."""
-    if cfg[0] in ("rows", "staged"):
+    if cfg[0] in ("rows", "staged", "pair"):
         vec, items, warps = cfg[1:4]
         head = f"{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}, {_b(plain_w)}"
         if cfg[0] == "rows":
             return f"fk::norm_bwd<{head}>"
-        return f"fk::norm_bwd_staged<{head}, {cfg[5]}>"
+        kernel = "norm_bwd_staged_pair" if cfg[0] == "pair" else "norm_bwd_staged"
+        return f"fk::{kernel}<{head}, {cfg[5]}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -193,7 +215,8 @@ def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
         return 0
     vec, items, warps = cfg[1:4]
     rpb = rows_per_block(warps)
-    ring = cfg[4] * 2 * rpb * N * itemsize if cfg[0] == "staged" else 0
+    cols = N // 2 if cfg[0] == "pair" else N  # a pair's CTA stages half of each row
+    ring = cfg[4] * 2 * rpb * cols * itemsize if cfg[0] in ("staged", "pair") else 0
     return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
 
@@ -343,23 +366,41 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
     cfg = config or bwd_config(N, itemsize, rms, _staged_ok(device), max_vec)
     expr = bwd_expr(cfg, x_dt, w_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
-    extra = ()
-    if cfg[0] in ("rows", "staged"):
+    extra, ctas = (), 1
+    if cfg[0] in ("rows", "staged", "pair"):
         warps = cfg[3]
         rpb = rows_per_block(warps)
         block = (32 * warps, rpb)
         threads = 32 * warps * rpb
-        if cfg[0] == "staged":
+        if cfg[0] in ("staged", "pair"):
             extra = (cfg[4],)
+        if cfg[0] == "pair":
+            ctas = 2
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
     fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
-    colsum = ColumnSum(w_dt, device)
-    _log_config("norm_bwd", expr, f"min(rows/{rpb}, {fit})", block, smem)
+    _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
-    plan = _bwd_plans[key] = (fn, block, smem, rpb, fit, colsum, extra)
+    plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas)
     return plan
+
+
+class BwdLaunch:
+    """A backward plan: the row kernel's launcher, block, shared memory, rows per block, resident
+    blocks (fit), the column_sum, the extra kernel arguments (ring stages) and the CTAs per row slot
+    (2 for the pair kernel, whose clusters share each row)."""
+
+    __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas")
+
+    def __init__(self, fn, block, smem, rpb, fit, colsum, extra, ctas):
+        self.fn, self.block, self.smem, self.rpb, self.fit = fn, block, smem, rpb, fit
+        self.colsum, self.extra, self.ctas = colsum, extra, ctas
+
+    def grid(self, M: int):
+        """(blocks, P) for M rows: P row slots' partial rows (the pair's two CTAs share one)."""
+        slots = _bwd_blocks(M, self.rpb, self.fit // self.ctas)
+        return slots * self.ctas, slots * self.rpb
 
 
 # Each row slot of the persistent backward walks at least this many rows, so the fp32 partial rows of
@@ -383,8 +424,7 @@ def bwd_partial_rows(M, N, x_dt, w_dt, rms, device, config=None) -> int:
     p = 0
     for max_vec in (16, 1):
         for plain_w in (False, True):
-            _, _, _, rpb, fit, _, _ = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
-            p = max(p, _bwd_blocks(M, rpb, fit) * rpb)
+            p = max(p, _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w).grid(M)[1])
     return p
 
 
@@ -397,9 +437,8 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((dy, s), (x, s), (dx, s), (w, ws)))
     plain_w = bwd_plain_weights(w, zero_centered)
-    fn, block, smem, rpb, fit, colsum, extra = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
-    nblocks = _bwd_blocks(M, rpb, fit)
-    P = nblocks * rpb
+    plan = _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec, plain_w)
+    nblocks, P = plan.grid(M)
     outs = [o for o in (dw, 0 if rms else db) if o]
     keep, part = (None, 0)
     if outs:  # one buffer: the dweight partial rows, then the dbias ones
@@ -408,8 +447,9 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     db_part = (part + (4 * P * N if dw else 0)) if db and not rms else 0
     sp = stream_ptr(stream)
     if M > 0:
-        fn(nblocks, block, smem, sp, dy, x, w, mean, rstd, dx, dw_part, db_part, M, N, zero_centered, *extra)
-    colsum(sp, part, P if M > 0 else 0, N, outs)
+        plan.fn(nblocks, plan.block, plan.smem, sp, dy, x, w, mean, rstd, dx, dw_part, db_part, M, N,
+                zero_centered, *plan.extra)
+    plan.colsum(sp, part, P if M > 0 else 0, N, outs)
     return keep
 
 
@@ -430,6 +470,10 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
+                    pair = pair_from_half(N, ITEMSIZE[x_dt], rms) if N in (8192, 16384) else None
+                    if pair is not None:  # the experiment's kernels (tests force them)
+                        for plain_w in (False, True):
+                            exprs[FILE].add(bwd_expr(pair, x_dt, w_dt, rms, plain_w=plain_w))
                     for staged in (False, True):
                         for plain_w in (False, True):
                             exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms,
