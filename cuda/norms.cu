@@ -737,11 +737,14 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // CTAs, each holding half the columns (the config of the half-row width, e.g. N = 16384 runs two
 // 8192-column CTAs: that kernel reads 0.87 / 0.91 of copy where the 16384 one reads 0.76 / 0.85). Per
 // row each CTA reduces its half (one block barrier), publishes its two sums in shared memory and
-// passes a cluster barrier; both CTAs add the two halves' sums in rank order (identical bits in both)
-// and write dx for their columns. The sums' slot alternates by row parity: a CTA rewrites slot k & 1 at
-// row k + 2, after the cluster barrier of row k + 1, which its peer reaches only after reading slot k.
-// Ring, weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per
-// cluster (each CTA writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
+// arrives at the cluster barrier; after the wait both CTAs add the two halves' sums in rank order
+// (identical bits in both) and write dx for their columns. PIPE: the local sums of the next row are
+// computed between the arrive and the wait, so the barrier's latency overlaps work (two rows in
+// registers); without PIPE the wait follows the arrive. Slots alternate by row parity and a CTA
+// writes slot (k + 1) & 1 only after its wait of row k, which its peer's arrive of row k follows the
+// peer's reads of slot k - 1: no slot is rewritten while it can still be read. Ring, weights and
+// accumulators as norm_bwd_staged over the CTA's columns; one partial row per cluster (each CTA
+// writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
 template <typename T>
 __device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_base, const T* a, const T* b,
                                                long long row, int s, long long M, int N, int half, int col0) {
@@ -753,7 +756,8 @@ __device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_ba
   bulk_load(dst + half, b + row * N + col0, bytes, ring.bar(s));
 }
 
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS>
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS,
+          bool PIPE>
 __global__ void FK_CLUSTER_DIMS(2) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
 norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                      const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
@@ -766,7 +770,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
   const unsigned rank = cluster_ctarank();
-  const long long cid = cluster_index(), ncl = cluster_count();
+  const long long cid = cluster_index(), ncl = cluster_count();  // cid < M: the host launches <= M pairs
   const int half = N / 2, col0 = (int)rank * half;
   Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * half);
@@ -780,31 +784,50 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   __syncthreads();
   if (producer)
     for (int k = 0; k < stages; ++k) issue_half_row<T>(ring, ring_base, x, dy, cid + k * ncl, k, M, N, half, col0);
-  long long row = cid;
-  float mean = (!RMS && row < M) ? mean_in[row] : 0.f, rstd = row < M ? rstd_in[row] : 0.f;
-  const float inv_n = 1.f / (float)N;
   int s = 0;
   unsigned phase = 0;
-  for (int k = 0; row < M; ++k, ring.next(s, phase)) {  // both CTAs of the pair walk the same rows
-    const long long next = row + ncl;
-    const float next_mean = (!RMS && next < M) ? mean_in[next] : 0.f;
-    const float next_rstd = next < M ? rstd_in[next] : 0.f;
+  // Row r (the k-th of this pair) from its stage into registers, this CTA's sums of it (one block
+  // barrier, after which the stage is refilled with row r + stages pairs on).
+  auto local_sums = [&](Vec<T, VEC>(&xr)[ITEMS], Vec<T, VEC>(&gr)[ITEMS], long long r, float mean_r,
+                        float rstd_r, int k) -> float2 {
     const T* xs = ring_base + (long long)s * 2 * half;
     ring.wait(s, phase);
-    Vec<T, VEC> xr[ITEMS], gr[ITEMS];
     read_stage<T, VEC, ITEMS, T_ROW>(xr, xs, true, half);
     read_stage<T, VEC, ITEMS, T_ROW>(gr, xs + half, true, half);
-    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd, acc, half,
-                                                                           zero_centered);
+    const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean_r, rstd_r, acc,
+                                                                           half, zero_centered);
     const float2 mine = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
-    if (producer) issue_half_row<T>(ring, ring_base, x, dy, row + (long long)stages * ncl, s, M, N, half, col0);
-    if (threadIdx.x == 0) half_sums[k & 1] = mine;
-    cluster_arrive();
+    if (producer) issue_half_row<T>(ring, ring_base, x, dy, r + (long long)stages * ncl, s, M, N, half, col0);
+    ring.next(s, phase);
+    return mine;
+  };
+  const float inv_n = 1.f / (float)N;
+  long long row = cid;
+  float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
+  Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
+  float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
+  if (threadIdx.x == 0) half_sums[0] = mine;
+  cluster_arrive();
+  for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
+    const long long next = row + ncl;
+    const bool has_next = next < M;
+    const float next_mean = (!RMS && has_next) ? mean_in[next] : 0.f;
+    const float next_rstd = has_next ? rstd_in[next] : 0.f;
+    if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
     cluster_wait();
     const float2 a = ld_cluster_f2(&half_sums[k & 1], 0), b = ld_cluster_f2(&half_sums[k & 1], 1);
-    const float2 sums = make_float2(a.x + b.x, a.y + b.y);
-    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd, sums, dx + row * N + col0,
-                                                            half, inv_n, zero_centered);
+    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd,
+                                                            make_float2(a.x + b.x, a.y + b.y),
+                                                            dx + row * N + col0, half, inv_n, zero_centered);
+    if (!has_next) break;
+    if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
+    if (threadIdx.x == 0) half_sums[(k + 1) & 1] = mine;
+    cluster_arrive();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      xr[i] = xr1[i];
+      gr[i] = gr1[i];
+    }
     row = next;
     mean = next_mean;
     rstd = next_rstd;

@@ -356,21 +356,23 @@ def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pipe", [False, True], ids=["wait", "pipe"])
 @pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
 @pytest.mark.parametrize("shape", [(7, 16384), (300, 8192), (1, 16384), (2, 67, 16384)], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-def test_pair_backward(weights, shape, rms, monkeypatch):
+def test_pair_backward(pipe, weights, shape, rms, monkeypatch):
     """The two-CTA backward (norm_bwd_staged_pair: each row split over a cluster of two CTAs, the row
-    sums exchanged through distributed shared memory), forced through TUNED_PAIR: dx, dweight and
-    dbias against the float64 reference for every weight form, first call and cached repeat, with row
-    counts below, at and above the resident clusters."""
+    sums exchanged through distributed shared memory; with and without PIPE), forced through
+    TUNED_PAIR: dx, dweight and dbias against the float64 reference for every weight form, first call
+    and cached repeat, with row counts below, at and above the resident clusters (1 row: no next row
+    for PIPE)."""
     torch = pytest.importorskip("torch")
     from fusedkit import _callcache
     from fusedkit.backends import cuda_norms as cn
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters and bulk copies: sm_90+")
     N = shape[-1]
-    monkeypatch.setattr(cn, "TUNED_PAIR", {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms)[2:]})
+    monkeypatch.setattr(cn, "TUNED_PAIR", {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe)[2:]})
     monkeypatch.setattr(cn, "_bwd_plans", {})
     _callcache.clear()
     dtype = "bfloat16"
@@ -474,9 +476,9 @@ def test_backward_kernels_are_registered(rms):
                 if cfg[0] == "staged":
                     assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
                     assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
-    for N in (8192, 16384):  # the pair experiment's kernels (forced by tests) are registered too
-        pair = cn.pair_from_half(N, 2, rms)
-        assert pair is not None and pair[3] >= 4
+    for N, pipe in ((8192, False), (16384, False), (16384, True)):  # the pair experiment's kernels
+        pair = cn.pair_from_half(N, 2, rms, pipe)
+        assert pair is not None and pair[3] >= 4 and pair[6] == pipe
         for plain_w in (False, True):
             assert cn.bwd_expr(pair, "bfloat16", "bfloat16", rms, plain_w=plain_w) in exprs
         assert cn.bwd_smem_bytes(pair, rms, N, 2) == pair[4] * 2 * (N // 2) * 2 + (

@@ -55,9 +55,9 @@ cn.COLSUM_LANES = 32
 cn._bwd_plans.clear()
 # The two-CTA backward experiment (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row
 # sums read from the peer's shared memory), forced through TUNED_PAIR; more rows than resident clusters.
-for (M, N) in ((5, 16384), (700, 8192)):
+for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (700, 8192, True)):
     for rms in (False, True):
-        cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms)[2:]}
+        cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe)[2:]}
         cn._bwd_plans.clear()
         x = rng.standard_normal((M, N)).astype("float16")
         w = rng.standard_normal(N).astype("float16")
@@ -73,12 +73,12 @@ for (M, N) in ((5, 16384), (700, 8192)):
             dx_want, dw_want, _ = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
         cupy.cuda.Device().synchronize()
         if not any(p.ctas == 2 for p in cn._bwd_plans.values()):
-            print("MISMATCH pair kernel not dispatched", M, N, rms)
+            print("MISMATCH pair kernel not dispatched", M, N, rms, pipe)
             ok = False
         for name, got, want in (("dx", dx, dx_want), ("dweight", dw, dw_want)):
             err = np.abs(got.get().astype(np.float64) - want).max() / (np.abs(want).max() + 1e-30)
             if not err < 2e-2:
-                print("MISMATCH pair", "rms" if rms else "ln", name, M, N, err)
+                print("MISMATCH pair", "rms" if rms else "ln", "pipe" if pipe else "wait", name, M, N, err)
                 ok = False
 cn.TUNED_PAIR = {}
 cn._bwd_plans.clear()

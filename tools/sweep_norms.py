@@ -25,8 +25,8 @@ SWEEP_NS = tuple(int(n) for n in os.environ.get("SWEEP_NS", "1024,4096,8192,1638
 MAX_WARPS = int(os.environ.get("SWEEP_MAX_WARPS", "16"))
 EXTRA_STAGES = tuple(int(s) for s in os.environ.get("SWEEP_STAGES", "").split(",") if s)
 # SWEEP_PAIR=1: the backward candidates also include the two-CTA kernel (norm_bwd_staged_pair, each
-# row split over a cluster of two CTAs), with every staged config of the half row (4+ warps); with
-# SWEEP_TUNED_ONLY=1, the pair made from the half row's shipped staged config.
+# row split over a cluster of two CTAs), with every staged config of the half row (4+ warps), with and
+# without PIPE; with SWEEP_TUNED_ONLY=1, the pairs made from the half row's shipped staged config.
 PAIR = os.environ.get("SWEEP_PAIR", "0") == "1"
 
 
@@ -40,8 +40,8 @@ def candidates(N, direction, rms):
     if TUNED_ONLY:
         if direction == "fwd":
             return [cn.fwd_config(N, 2, rms)]
-        pair = cn.pair_from_half(N, 2, rms) if PAIR else None
-        return [cn.bwd_config(N, 2, rms, staged=True)] + ([pair] if pair else [])
+        pairs = [cn.pair_from_half(N, 2, rms, pipe) for pipe in (False, True)] if PAIR else []
+        return [cn.bwd_config(N, 2, rms, staged=True)] + [p for p in pairs if p]
     vec = cn.vec_width(N, 2)
     nv = N // vec
     out = []
@@ -65,7 +65,8 @@ def candidates(N, direction, rms):
                         out.append(("staged", vec, items, warps, st, mb))
     if PAIR and direction == "bwd" and N % (2 * vec) == 0:
         for c in candidates_plain(N // 2, rms):
-            out.append(("pair",) + c[1:])
+            for pipe in (0, 1):
+                out.append(("pair",) + c[1:] + (pipe,))
     return out
 
 

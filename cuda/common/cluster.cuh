@@ -41,58 +41,49 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-// The float4 at `local` (a 16-byte aligned __shared__ address of this CTA) in the shared memory of CTA
-// `rank` of the cluster.
+// The address of `local` (a __shared__ address of this CTA) in the shared memory of CTA `rank` of the
+// cluster, for ld.shared::cluster.
+__device__ __forceinline__ unsigned cluster_map_shared(const void* local, unsigned rank) {
+  unsigned ra = 0;
+#if __CUDA_ARCH__ >= 900
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+#else
+  __trap();
+#endif
+  return ra;
+}
+
+// The float4 at `local` (16-byte aligned) in the shared memory of CTA `rank` of the cluster.
 __device__ __forceinline__ float4 ld_cluster_f4(const void* local, unsigned rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if __CUDA_ARCH__ >= 900
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
-#else
-  __trap();
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_map_shared(local, rank)) : "memory");
+#endif
+  return v;
+}
+
+// The float2 at `local` (8-byte aligned) in the shared memory of CTA `rank` of the cluster.
+__device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank) {
+  float2 v = make_float2(0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+               : "=f"(v.x), "=f"(v.y) : "r"(cluster_map_shared(local, rank)) : "memory");
 #endif
   return v;
 }
 
 // This CTA's rank in its cluster, the cluster's index in the grid and the number of clusters (1-D).
-__device__ __forceinline__ unsigned cluster_ctarank() {
-  unsigned r = 0;
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_index() {
-  unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-#endif
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_count() {
-  unsigned r = 1;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
-#endif
-  return r;
-}
-
-// The float2 at `local` (an 8-byte aligned __shared__ address of this CTA) in CTA `rank`'s shared memory.
-__device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank) {
-  float2 v = make_float2(0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(ra) : "memory");
+#define FK_SREG(name) { unsigned r; asm volatile("mov.u32 %0, %%" name ";" : "=r"(r)); return r; }
 #else
-  __trap();
+#define FK_SREG(name) { __trap(); return 0; }
 #endif
-  return v;
-}
+__device__ __forceinline__ unsigned cluster_ctarank() FK_SREG("cluster_ctarank")
+__device__ __forceinline__ unsigned cluster_index() FK_SREG("clusterid.x")
+__device__ __forceinline__ unsigned cluster_count() FK_SREG("nclusterid.x")
+#undef FK_SREG
 
 // The statistics of the whole cluster from each CTA's (identical in every thread of a CTA; 1-D
 // cluster, rank = blockIdx.x % CLUSTER). Every thread of every CTA must call it. Leaves a cluster

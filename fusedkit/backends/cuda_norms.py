@@ -52,7 +52,7 @@ TUNED_STAGED: dict = {
     ("rms", 16384, 2): (4, 16, 2, 0),
 }
 # Experiment, not in the dispatch while empty: the backward with each row split over a cluster of two
-# CTAs (norm_bwd_staged_pair, sm_90), tuned (items, warps, stages, min_blocks) of the half row per
+# CTAs (norm_bwd_staged_pair, sm_90), tuned (items, warps, stages, min_blocks, pipe) of the half row per
 # (op, N, itemsize). Tests and tools/sweep_norms.py (SWEEP_PAIR=1) fill it to measure it.
 TUNED_PAIR: dict = {}
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
@@ -129,10 +129,11 @@ def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, 
     return pick(N, itemsize, rms, max_vec)
 
 
-def pair_from_half(N, itemsize, rms):
-    """A pair config for rows of N: the staged config of the half row (N / 2), or None."""
+def pair_from_half(N, itemsize, rms, pipe: bool = False):
+    """A pair config for rows of N: the staged config of the half row (N / 2) and the PIPE flag (the
+    next row's local sums between the cluster barrier's arrive and wait), or None."""
     half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
-    return None if half is None or half[3] < 4 else ("pair",) + half[1:]
+    return None if half is None or half[3] < 4 else ("pair",) + half[1:] + (int(pipe),)
 
 
 def _pair_config(N, itemsize, rms):
@@ -203,8 +204,9 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
         head = f"{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}, {_b(plain_w)}"
         if cfg[0] == "rows":
             return f"fk::norm_bwd<{head}>"
-        kernel = "norm_bwd_staged_pair" if cfg[0] == "pair" else "norm_bwd_staged"
-        return f"fk::{kernel}<{head}, {cfg[5]}>"
+        if cfg[0] == "pair":
+            return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}>"
+        return f"fk::norm_bwd_staged<{head}, {cfg[5]}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -470,9 +472,9 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
-                    pair = pair_from_half(N, ITEMSIZE[x_dt], rms) if N in (8192, 16384) else None
-                    if pair is not None:  # the experiment's kernels (tests force them)
-                        for plain_w in (False, True):
+                    for pipe in (False, True):  # the pair experiment's kernels (tests force them)
+                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe) if N in (8192, 16384) else None
+                        for plain_w in (False, True) if pair else ():
                             exprs[FILE].add(bwd_expr(pair, x_dt, w_dt, rms, plain_w=plain_w))
                     for staged in (False, True):
                         for plain_w in (False, True):
