@@ -381,11 +381,29 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
-    fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
+    if ctas == 2:  # resident CTAs of a cluster kernel: the driver's count of resident clusters
+        fit = 2 * _resident_pairs(k, expr, device, block, smem)
+    else:
+        fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
     _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
     plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas)
     return plan
+
+
+def _resident_pairs(k, expr, device, block, smem) -> int:
+    """Clusters of two CTAs of the pair kernel resident at once (cuOccupancyMaxActiveClusters; opts
+    the kernel in to more than 48 KB of dynamic shared memory first)."""
+    import cupy
+    from .._launch import ClusterLaunch
+    if smem > 32 * 1024 and k.max_dynamic_shared_size_bytes < smem:
+        k.max_dynamic_shared_size_bytes = smem
+    with cupy.cuda.Device(device):
+        n = ClusterLaunch(k.kernel.ptr, (2, 1, 1)).max_active_clusters(block, smem)
+    if n < 1:
+        raise RuntimeError(f"fusedkit: {expr} cannot launch clusters of 2 x {block[0]} threads with {smem} B "
+                           f"of shared memory on device {device}")
+    return n
 
 
 class BwdLaunch:
