@@ -106,7 +106,12 @@ if has fp8sweep; then timeout $(left 200) python3 tools/sweep_fp8_grid.py "$OUT/
 if has bwdsmall; then timeout $(left 200) python3 tools/sweep_norm_bwd_small.py "$OUT/sweep_norm_bwd_small.json" > "$OUT/sweep_norm_bwd_small.log" 2>&1; echo "bwdsmall rc=$?" >> "$OUT/sweep_norm_bwd_small.log"; fi
 if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
+  # the SM clock and power beside the benchmark: a slow spell of the card (runs 160711Z, 1834Z) shows here
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 200 \
+    > "$OUT/smi_bench.csv" 2>&1 &
+  smi=$!
   timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
+  kill $smi 2>/dev/null
 fi
 if has expbench; then  # A/B of a compile-time experiment: EXP_OPTIONS (NVRTC defines) on EXP_ONLY ops
   FUSEDKIT_NVRTC_OPTIONS="${EXP_OPTIONS:--DFK_FAST_EXP=0}" FUSEDKIT_CACHE_DIR=/tmp/fkcache_exp \
@@ -151,3 +156,13 @@ grep -E "passed|failed|rc=|TFLOP" "$L/gemm.log" 2>/dev/null | tail -20
 grep -E "rc=" "$L/ncu.txt" 2>/dev/null
 grep -E "fusedkit |rc=" "$L/expbench.log" 2>/dev/null | head -40
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
+# SM clock (MHz) and power (W) over the benchmark: min / median / max of the 200 ms samples
+[ -s "$L/smi_bench.csv" ] && python3 - "$L/smi_bench.csv" <<'PY'
+import statistics, sys
+rows = [r.split(",") for r in open(sys.argv[1]) if r.count(",") >= 3]
+rows = [(float(r[1]), float(r[2])) for r in rows if r[1].strip().replace(".", "").isdigit()]
+if rows:
+    c, p = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"bench SM clock MHz min {min(c):.0f} median {statistics.median(c):.0f} max {max(c):.0f}; "
+          f"power W min {min(p):.0f} median {statistics.median(p):.0f} max {max(p):.0f} ({len(rows)} samples)")
+PY
