@@ -157,7 +157,7 @@ grep -E "rc=" "$L/ncu.txt" 2>/dev/null
 grep -E "fusedkit |rc=" "$L/expbench.log" 2>/dev/null | head -40
 cat "$L/bench.log" 2>/dev/null | grep -v "^\s*$" | tail -n 80
 # SM clock (MHz) and power (W) over the benchmark: min / median / max of the 200 ms samples
-[ -s "$L/smi_bench.csv" ] && python3 - "$L/smi_bench.csv" <<'PY'
+if [ -s "$L/smi_bench.csv" ]; then python3 - "$L/smi_bench.csv" <<'PY'
 import statistics, sys
 rows = [r.split(",") for r in open(sys.argv[1]) if r.count(",") >= 3]
 rows = [(float(r[1]), float(r[2])) for r in rows if r[1].strip().replace(".", "").isdigit()]
@@ -166,3 +166,4 @@ if rows:
     print(f"bench SM clock MHz min {min(c):.0f} median {statistics.median(c):.0f} max {max(c):.0f}; "
           f"power W min {min(p):.0f} median {statistics.median(p):.0f} max {max(p):.0f} ({len(rows)} samples)")
 PY
+fi
