@@ -36,7 +36,8 @@
 // it sees, with no atomics. Per row: two sums (sum g*dy*xhat, sum g*dy) in one row reduction with a
 // single block barrier (row_sum2_alternating), then dx = rstd * (g*dy - xhat*c1 - c2) (c2 = 0 for RMS).
 // At the end each (block, row slot) writes one fp32 partial row; column_sum adds the partials of
-// dweight and dbias in one launch (fixed order, so results are deterministic). PLAIN_W (host-chosen): weights given, gamma not zero-centred.
+// dweight and dbias in one launch (fixed order, so results are deterministic). PLAIN_W (host-chosen):
+// weights given, gamma not zero-centred.
 //   norm_bwd_staged (sm_90): x and dy of the next groups of rows arrive by bulk copies into a ring of
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
@@ -45,7 +46,7 @@
 //     shape, empty until measured): each row split over a cluster of two CTAs, the row sums exchanged
 //     through distributed shared memory.
 //   norm_bwd (any GPU, or unaligned pointers): loads straight to registers.
-//   Both keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
+//   All keep the accumulators in registers (dbias in shared memory when a thread owns 32+ columns).
 // Bytes: read x, dy, write dx = 6MN, plus P x N x 4 partials (P = resident row slots).
 // Long rows use norm_bwd_looped: one row at a time per block, the block's partial row kept in global
 // memory (read-modify-write, exclusive to the block): correct for any N, not bandwidth-optimal.

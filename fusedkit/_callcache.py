@@ -168,8 +168,8 @@ def _norm_forward_torch(x, weight, bias, eps, zero_centered, out_dtype, return_s
 
 # ----------------------------------------------------------------------------------------------------
 # Norm backward: the kernel over the rows (dx and fp32 partial rows of dweight / dbias), then one
-# column_sum launch for both weight gradients. Without this path a 4096 x 1024 LayerNorm forward + backward
-# was host-bound (0.77-0.87x torch eager in the 2026-12-03 runs; its kernels take ~10 us).
+# column_sum launch for both weight gradients. Without this path a 4096 x 1024 LayerNorm forward +
+# backward was host-bound (0.77-0.87x torch eager in the 2026-12-03 runs; its kernels take ~10 us).
 
 class BwdPlan:
     """What a norm backward needs beyond the per-call pointers (16-byte aligned inputs)."""

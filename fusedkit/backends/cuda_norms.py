@@ -4,8 +4,9 @@ Launch configs are small tables, not formulas scattered around: ``fwd_config`` /
 the kernel kind, the vector width (16-byte accesses when N and the pointers allow), the warps per row
 and the vectors per thread, so that a row lives in registers; longer rows take the looped kernels.
 Forward: one group of rows per block (non-persistent); ``forward_fp8`` is the same forward with FP8
-output, grid-stride, with its own configs (TUNED_FP8), which the fp32-output forward shares. Backward: persistent, staged through shared
-memory on sm_90 (bulk copies), with grid sizes from the compiled kernel's occupancy.
+output, grid-stride, with its own configs (TUNED_FP8), which the fp32-output forward shares.
+Backward: persistent, staged through shared memory on sm_90 (bulk copies), with grid sizes from the
+compiled kernel's occupancy; one column_sum launch adds the partial rows of dweight and dbias.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from functools import lru_cache
 
 
 from .. import _env, _jit
-from .._launch import Launcher, stream_ptr
+from .._launch import ClusterLaunch, Launcher, stream_ptr
 from ._common import align_elems, blocks_per_sm, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
 from .cuda_fp8 import FMT_CXX
@@ -247,7 +248,7 @@ class ColumnSum:
         return self.fn, (-(-N // 32), n_parts), (32, self.lanes)
 
     def __call__(self, stream, part, P, N, outs) -> None:
-        outs = [o for o in outs if o]
+        """outs: the output pointers present (dweight first), none of them 0."""
         if outs:
             fn, grid, block = self.launch_plan(N, len(outs))
             fn(grid, block, 0, stream, part, P, N, outs[0], outs[-1])
@@ -395,7 +396,6 @@ def _resident_pairs(k, expr, device, block, smem) -> int:
     """Clusters of two CTAs of the pair kernel resident at once (cuOccupancyMaxActiveClusters; opts
     the kernel in to more than 48 KB of dynamic shared memory first)."""
     import cupy
-    from .._launch import ClusterLaunch
     if smem > 32 * 1024 and k.max_dynamic_shared_size_bytes < smem:
         k.max_dynamic_shared_size_bytes = smem
     with cupy.cuda.Device(device):
