@@ -737,15 +737,14 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // Experiment (not in the dispatch: cuda_norms.TUNED_PAIR is empty): each row split over a cluster of two
 // CTAs, each holding half the columns (the config of the half-row width, e.g. N = 16384 runs two
 // 8192-column CTAs: that kernel reads 0.87 / 0.91 of copy where the 16384 one reads 0.76 / 0.85). Per
-// row each CTA reduces its half (one block barrier), publishes its two sums in shared memory and
-// arrives at the cluster barrier; after the wait both CTAs add the two halves' sums in rank order
-// (identical bits in both) and write dx for their columns. PIPE: the local sums of the next row are
-// computed between the arrive and the wait, so the barrier's latency overlaps work (two rows in
-// registers); without PIPE the wait follows the arrive. Slots alternate by row parity and a CTA
-// writes slot (k + 1) & 1 only after its wait of row k, which its peer's arrive of row k follows the
-// peer's reads of slot k - 1: no slot is rewritten while it can still be read. Ring, weights and
-// accumulators as norm_bwd_staged over the CTA's columns; one partial row per cluster (each CTA
-// writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
+// row each CTA reduces its half (one block barrier) and sends its two sums to the peer through a
+// PairMailbox (st.async into the peer's shared memory, completing the peer's mbarrier); both add the
+// two halves' sums and write dx for their columns. The first version exchanged the sums with a
+// cluster barrier per row and read 0.28-0.49 of copy (sweep 2219Z): barrier.cluster.arrive.release
+// waits for the CTA's earlier global stores (the previous row's dx). PIPE: the local sums of the next
+// row are computed before waiting for the peer's sums of this row (two rows in registers). Ring,
+// weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per cluster
+// (each CTA writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
 template <typename T>
 __device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_base, const T* a, const T* b,
                                                long long row, int s, long long M, int N, int half, int col0) {
@@ -767,7 +766,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   static_assert(WARPS >= 4, "one row (half) per block");
   constexpr int T_ROW = 32 * WARPS;
   __shared__ unsigned long long bars[kMaxStages];
-  __shared__ float2 half_sums[2];  // this CTA's (sum g*dy*xhat, sum g*dy), by row parity
+  __shared__ PairMailbox<4> peer_sums;  // the peer's (sum g*dy*xhat, sum g*dy) of each row
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
   const unsigned rank = cluster_ctarank();
@@ -781,8 +780,13 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   const W* wh = w != nullptr ? w + col0 : nullptr;
   Vec<W, VEC> gw[ITEMS];
   bwd_load_weights<PLAIN_W, W, VEC, ITEMS, T_ROW>(gw, wh, half);
-  if (producer) ring.init();
+  if (producer) {
+    ring.init();
+    peer_sums.init();
+  }
   __syncthreads();
+  cluster_arrive();  // both CTAs' mailboxes are initialized before either sends
+  cluster_wait();
   if (producer)
     for (int k = 0; k < stages; ++k) issue_half_row<T>(ring, ring_base, x, dy, cid + k * ncl, k, M, N, half, col0);
   int s = 0;
@@ -803,27 +807,31 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     return mine;
   };
   const float inv_n = 1.f / (float)N;
+  const unsigned peer = rank ^ 1u;
   long long row = cid;
   float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
   Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
   float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
-  if (threadIdx.x == 0) half_sums[0] = mine;
-  cluster_arrive();
+  if (producer) peer_sums.send(mine, 0, peer);
   for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
     const long long next = row + ncl;
     const bool has_next = next < M;
     const float next_mean = (!RMS && has_next) ? mean_in[next] : 0.f;
     const float next_rstd = has_next ? rstd_in[next] : 0.f;
+    const float2 cur = mine;
     if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    cluster_wait();
-    const float2 a = ld_cluster_f2(&half_sums[k & 1], 0), b = ld_cluster_f2(&half_sums[k & 1], 1);
+    const float2 other = peer_sums.receive(k);
+    if (producer) peer_sums.rearm(k);
+    // Float addition commutes: both CTAs get the same bits.
     backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd,
-                                                            make_float2(a.x + b.x, a.y + b.y),
+                                                            make_float2(cur.x + other.x, cur.y + other.y),
                                                             dx + row * N + col0, half, inv_n, zero_centered);
     if (!has_next) break;
+    // Sent after the block barrier of row k + 1's sums; with PIPE that barrier precedes receive(k), so
+    // the send of row k + 1 can pass a slow warp's receive(k): the 4 slots keep slot k % 4 unwritten
+    // until this CTA sends row k + 3, after row k + 2's barrier.
     if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    if (threadIdx.x == 0) half_sums[(k + 1) & 1] = mine;
-    cluster_arrive();
+    if (producer) peer_sums.send(mine, k + 1, peer);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       xr[i] = xr1[i];
@@ -833,7 +841,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     mean = next_mean;
     rstd = next_rstd;
   }
-  cluster_arrive();  // no CTA exits while its peer may still read its half_sums
+  cluster_arrive();  // no CTA exits while a send to it may be in flight (each is received; kept as a guard)
   cluster_wait();
   const long long p = cid * (long long)N + col0;
   acc.template write<T_ROW>(dw_part != nullptr ? dw_part + p : nullptr,

@@ -6,7 +6,7 @@ import cupy
 import numpy as np
 
 import fusedkit as fk
-from fusedkit import reference as ref
+from fusedkit import _callcache, reference as ref
 from fusedkit.backends import cuda_norms as cn
 
 rng = np.random.default_rng(0)
@@ -16,6 +16,7 @@ for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
     cn._staged_ok = staged_ok if staged else (lambda device: False)
     cn._fwd_plans.clear()
     cn._bwd_plans.clear()
+    _callcache.clear()  # the public calls keep their own plans
     for (M, N) in ((3, 7), (5, 781), (9, 1024), (6, 4096), (5, 16384), (2, 65536), (2, 131072)):
         x = rng.standard_normal((M, N)).astype(dtype)
         w = rng.standard_normal(N).astype(dtype)
@@ -37,6 +38,7 @@ cn._staged_ok = staged_ok
 for lanes in (8, 32):
     cn.COLSUM_LANES = lanes
     cn._bwd_plans.clear()
+    _callcache.clear()  # the public calls keep their own plans
     for (M, N) in ((300, 96), (1000, 1024)):
         x = rng.standard_normal((M, N)).astype("float32")
         w = rng.standard_normal(N).astype("float32")
@@ -53,12 +55,14 @@ for lanes in (8, 32):
                 ok = False
 cn.COLSUM_LANES = 32
 cn._bwd_plans.clear()
+_callcache.clear()  # the public calls keep their own plans
 # The two-CTA backward experiment (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row
 # sums read from the peer's shared memory), forced through TUNED_PAIR; more rows than resident clusters.
 for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (700, 8192, True)):
     for rms in (False, True):
         cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe)[2:]}
         cn._bwd_plans.clear()
+        _callcache.clear()  # the public calls keep their own plans
         x = rng.standard_normal((M, N)).astype("float16")
         w = rng.standard_normal(N).astype("float16")
         dy = rng.standard_normal((M, N)).astype("float16")
@@ -82,6 +86,7 @@ for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (7
                 ok = False
 cn.TUNED_PAIR = {}
 cn._bwd_plans.clear()
+_callcache.clear()  # the public calls keep their own plans
 # FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).
 cn._staged_ok = staged_ok

@@ -74,6 +74,73 @@ __device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank
   return v;
 }
 
+// One float2 per step from the other CTA of a two-CTA cluster, without a cluster barrier per step.
+// The sender's thread 0 writes the value straight into the receiver's slot with st.async, which
+// completes a transaction on the receiver's mbarrier for that slot; the receiver waits on its own
+// mbarrier. Unlike barrier.cluster.arrive.release, nothing here orders (waits for) the sender's other
+// memory traffic, e.g. the global stores of the previous step.
+// Protocol (step k uses slot k % SLOTS, phase parity (k / SLOTS) & 1):
+//   init()          thread 0, before a cluster barrier that precedes any send: SLOTS barriers armed
+//   send(v, k)      thread 0: v into the peer's slot of step k
+//   receive(k)      every thread: waits for the peer's value of step k
+//   rearm(k)        thread 0, after its receive(k): arms the slot for step k + SLOTS
+// The peer overwrites slot k % SLOTS (step k + SLOTS) only after it received this CTA's step
+// k + SLOTS - 1; the caller must send that step only after a block barrier that follows every
+// thread's receive(k) (SLOTS >= 3 with one block barrier per step between receive and send).
+template <int SLOTS>
+struct PairMailbox {
+  float2 slot[SLOTS];
+  unsigned long long bar[SLOTS];
+
+  __device__ __forceinline__ void init() {
+#if __CUDA_ARCH__ >= 900
+    for (int i = 0; i < SLOTS; ++i) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(local(&bar[i])) : "memory");
+      arm(i);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    __trap();
+#endif
+  }
+
+  __device__ __forceinline__ void send(float2 v, int k, unsigned peer) {
+#if __CUDA_ARCH__ >= 900
+    const int i = k % SLOTS;
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :: "r"(cluster_map_shared(&slot[i], peer)), "f"(v.x), "f"(v.y),
+                    "r"(cluster_map_shared(&bar[i], peer)) : "memory");
+#endif
+  }
+
+  __device__ __forceinline__ float2 receive(int k) {
+#if __CUDA_ARCH__ >= 900
+    const int i = k % SLOTS;
+    const unsigned parity = (unsigned)(k / SLOTS) & 1u;
+    unsigned done = 0;
+    do {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done) : "r"(local(&bar[i])), "r"(parity) : "memory");
+    } while (!done);
+#endif
+    return slot[k % SLOTS];  // the asm's memory clobber keeps this read after the wait
+  }
+
+  __device__ __forceinline__ void rearm(int k) { arm(k % SLOTS); }
+
+ private:
+  __device__ __forceinline__ static unsigned local(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+  }
+  __device__ __forceinline__ void arm(int i) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(local(&bar[i])), "r"(8) : "memory");
+#endif
+  }
+};
+
 // This CTA's rank in its cluster, the cluster's index in the grid and the number of clusters (1-D).
 #if __CUDA_ARCH__ >= 900
 #define FK_SREG(name) { unsigned r; asm volatile("mov.u32 %0, %%" name ";" : "=r"(r)); return r; }

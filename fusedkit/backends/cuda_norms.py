@@ -132,7 +132,7 @@ def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, 
 
 def pair_from_half(N, itemsize, rms, pipe: bool = False):
     """A pair config for rows of N: the staged config of the half row (N / 2) and the PIPE flag (the
-    next row's local sums between the cluster barrier's arrive and wait), or None."""
+    next row's local sums before waiting for the peer's sums of this row), or None."""
     half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
     return None if half is None or half[3] < 4 else ("pair",) + half[1:] + (int(pipe),)
 
