@@ -573,14 +573,14 @@ __device__ __forceinline__ void backward_dx_cols(const Vec<T, VEC> (&xr)[ITEMS],
     if (v < nvec) {
       float g[VEC];
       bwd_gamma<PLAIN_W, W, VEC, ITEMS>(gw, i, w, v, zero_centered, g);
-      Vec<T, VEC> out;
+      float out[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float xm = vec_elem(xr[i], j) - mean;
         const float gd = __fmul_rn(vec_elem(gr[i], j), g[j]);  // as in backward_sums: not contracted
-        out.v[j] = from_float<T>(rstd * fmaf(xm, k1, RMS ? gd : gd - c2));
+        out[j] = rstd * fmaf(xm, k1, RMS ? gd : gd - c2);
       }
-      store_vec<T, VEC>(dx_row + (long long)v * VEC, out);
+      store_floats<T, VEC>(dx_row + (long long)v * VEC, out);
     }
   }
 }

@@ -73,6 +73,21 @@ __device__ __forceinline__ void store_floats16(T* p, const float (&f)[N]) {
   }
 }
 
+// N fp32 values rounded to T and stored at p (N * sizeof(T)-byte aligned): a 16-byte vector through
+// store_floats16 (whole words: NVVM split the Vec store of norm_bwd_staged_pair's dx into 2- and
+// 4-byte stores, 5.7x the store instructions), any other width as one Vec store.
+template <typename T, int N>
+__device__ __forceinline__ void store_floats(T* p, const float (&f)[N]) {
+  if constexpr (N * sizeof(T) == 16) {
+    store_floats16<T, N>(p, f);
+  } else {
+    Vec<T, N> out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out.v[j] = from_float<T>(f[j]);
+    store_vec<T, N>(p, out);
+  }
+}
+
 // Element j of a loaded vector as fp32, read from the vector's 32-bit words. For bf16 that is one shift
 // (even j) or one mask (odd j) of the loaded register. Written per element (to_float(r.v[j])), ptxas
 // first splits every 16-bit element into its own register (a PRMT each, and a second predicated PRMT
