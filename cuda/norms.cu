@@ -558,7 +558,10 @@ __device__ __forceinline__ float2 backward_sums(const Vec<T, VEC> (&xr)[ITEMS], 
 
 // dx of `ncols` columns (the thread's vectors of them, as in backward_sums) written from dx_row; inv_n
 // is 1 / the full row length (norm_bwd_staged_pair: each CTA of the pair holds half of the row).
-template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
+// WORD_STORES: 16-byte vectors through store_floats16 (norm_bwd_staged_pair, where NVVM split the Vec
+// store into 2- and 4-byte stores: 5.7x the store instructions, 0.35 of copy; the other kernels get
+// STG.E.128 from the Vec store, and store_floats there was 1-2 % slower, sweep 223551Z).
+template <bool PLAIN_W, typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool WORD_STORES = false>
 __device__ __forceinline__ void backward_dx_cols(const Vec<T, VEC> (&xr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
                                                  const Vec<W, VEC> (&gw)[ITEMS], const W* __restrict__ w,
                                                  float mean, float rstd, float2 sums, T* __restrict__ dx_row,
@@ -580,7 +583,14 @@ __device__ __forceinline__ void backward_dx_cols(const Vec<T, VEC> (&xr)[ITEMS],
         const float gd = __fmul_rn(vec_elem(gr[i], j), g[j]);  // as in backward_sums: not contracted
         out[j] = rstd * fmaf(xm, k1, RMS ? gd : gd - c2);
       }
-      store_floats<T, VEC>(dx_row + (long long)v * VEC, out);
+      if constexpr (WORD_STORES) {
+        store_floats<T, VEC>(dx_row + (long long)v * VEC, out);
+      } else {
+        Vec<T, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(out[j]);
+        store_vec<T, VEC>(dx_row + (long long)v * VEC, o);
+      }
     }
   }
 }
@@ -823,7 +833,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     const float2 other = peer_sums.receive(k);
     if (producer) peer_sums.rearm(k);
     // Float addition commutes: both CTAs get the same bits.
-    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean, rstd,
+    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd,
                                                             make_float2(cur.x + other.x, cur.y + other.y),
                                                             dx + row * N + col0, half, inv_n, zero_centered);
     if (!has_next) break;

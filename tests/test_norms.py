@@ -476,14 +476,19 @@ def test_backward_kernels_are_registered(rms):
                 if cfg[0] == "staged":
                     assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
                     assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
-    for N, pipe in ((8192, False), (16384, False), (16384, True)):  # the pair experiment's kernels
+    for N, pipe in ((8192, False), (16384, False), (16384, True)):  # the pair kernels the tests force
         pair = cn.pair_from_half(N, 2, rms, pipe)
         assert pair is not None and pair[3] >= 4 and pair[6] == pipe
         for plain_w in (False, True):
             assert cn.bwd_expr(pair, "bfloat16", "bfloat16", rms, plain_w=plain_w) in exprs
         assert cn.bwd_smem_bytes(pair, rms, N, 2) == pair[4] * 2 * (N // 2) * 2 + (
             0 if rms or pair[2] * pair[1] < 32 else pair[2] * pair[1] * 32 * pair[3] * 4)
-    assert not cn.TUNED_PAIR, "the pair backward is an experiment until the H200 measures it"
+    for (op, N, s), t in cn.TUNED_PAIR.items():  # the shipped pair configs: dispatched, registered
+        if (op == "rms") == rms:
+            pair = cn.bwd_config(N, s, rms, staged=True)
+            assert pair == ("pair", cn.vec_width(N, s)) + tuple(t)
+            for plain_w in (False, True):
+                assert cn.bwd_expr(pair, "bfloat16", "bfloat16", rms, plain_w=plain_w) in exprs
     assert cn.bwd_plain_weights(0x1000, False) and not cn.bwd_plain_weights(0x1000, True)
     assert not cn.bwd_plain_weights(0, False)
     for (op, N, s), t in cn.TUNED_STAGED.items():

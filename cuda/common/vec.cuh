@@ -74,8 +74,7 @@ __device__ __forceinline__ void store_floats16(T* p, const float (&f)[N]) {
 }
 
 // N fp32 values rounded to T and stored at p (N * sizeof(T)-byte aligned): a 16-byte vector through
-// store_floats16 (whole words: NVVM split the Vec store of norm_bwd_staged_pair's dx into 2- and
-// 4-byte stores, 5.7x the store instructions), any other width as one Vec store.
+// store_floats16 (whole words), any other width as one Vec store.
 template <typename T, int N>
 __device__ __forceinline__ void store_floats(T* p, const float (&f)[N]) {
   if constexpr (N * sizeof(T) == 16) {

@@ -48,14 +48,16 @@ TUNED: dict = {
 # shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
 TUNED_STAGED: dict = {
     ("ln", 1024, 2): (1, 4, 4, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 3, 0),
-    ("ln", 16384, 2): (4, 16, 2, 0),
     ("rms", 1024, 2): (2, 2, 2, 0), ("rms", 4096, 2): (1, 16, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
-    ("rms", 16384, 2): (4, 16, 2, 0),
+}  # N = 16384 (was (4, 16, 2, 0) for both) runs the pair kernel below
+# The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
+# (items, warps, stages, min_blocks, pipe) of the half row per (op, N, itemsize); takes precedence over
+# TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
+# 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
+# 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
+TUNED_PAIR: dict = {
+    ("ln", 16384, 2): (2, 16, 2, 0, 0), ("rms", 16384, 2): (2, 16, 2, 0, 0),
 }
-# Experiment, not in the dispatch while empty: the backward with each row split over a cluster of two
-# CTAs (norm_bwd_staged_pair, sm_90), tuned (items, warps, stages, min_blocks, pipe) of the half row per
-# (op, N, itemsize). Tests and tools/sweep_norms.py (SWEEP_PAIR=1) fill it to measure it.
-TUNED_PAIR: dict = {}
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
 
