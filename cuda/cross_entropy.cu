@@ -324,9 +324,14 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
 // Needs N % VEC == 0 and 16-byte aligned logits and grad (the host checks). Ignored rows are neither
 // loaded nor waited for (producer and consumer both skip them; each buffer keeps its own phase bit).
 // logits and grad may alias: a CTA writes only its own chunk of the row it holds in shared memory; x_0
-// (global) is read before the CTA joins the row's cluster merge, which CTA 0 (x_0's writer) passes only
-// after every CTA has arrived. The merge slots alternate between rows: a CTA rewrites slot p (row k + 2)
-// only after the barrier of row k + 1, which every CTA reaches after reading the slots of row k.
+// (global) feeds the statistics a CTA sends, so its load is complete before the send, and CTA 0 (x_0's
+// writer) writes only after it received every CTA's statistics of the row. Cluster merge through a
+// ClusterMailbox (common/cluster.cuh): thread 0 of each CTA stores the CTA's float4 into every CTA's slot
+// set of the row with st.async, each CTA waits on its own mbarrier and merges the CLUSTER values in rank
+// order (identical bits everywhere). It replaced a cluster barrier per row, whose arrive.release waits
+// for the CTA's earlier global stores (the previous row's gradient) in the persistent form. Slot sets
+// alternate between rows: a CTA sends row k + 2 only after receiving row k + 1 from every CTA, which
+// each sends after the __syncthreads that ends its row k.
 template <typename T, int THREADS, int CLUSTER, int BUFFERS>
 __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   static_assert(BUFFERS == 1 || BUFFERS == 2, "one or two row buffers");
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char ce_stage[];
   __shared__ unsigned long long bars[2];
-  __shared__ float4 slots[2];
+  __shared__ ClusterMailbox<float4, CLUSTER, 2> stats_box;  // CLUSTER > 1: every CTA's row statistics
   const long long G = gridDim.x / CLUSTER;
   const long long row0 = blockIdx.x / CLUSTER;
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
@@ -353,13 +358,18 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   };
   if (threadIdx.x == 0) {
     ring.init();
+    if constexpr (CLUSTER > 1) stats_box.init();
     if (row0 < M) fill(row0, 0);
   }
   __syncthreads();  // the barriers' init is visible
+  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is initialized before any CTA sends
+    cluster_arrive();
+    cluster_wait();
+  }
   unsigned phases = 0;  // bit b: parity of buffer b's next fill
   int merge_parity = 0;  // row_merge's shared buffer, alternating by row
-  int b = 0;
-  for (long long row = row0; row < M; row += G, b = (b + 1) % BUFFERS) {
+  int b = 0, step = 0;
+  for (long long row = row0; row < M; row += G, b = (b + 1) % BUFFERS, ++step) {
     // the other buffer's last reader finished the previous row
     if (BUFFERS == 2 && threadIdx.x == 0 && row + G < M) fill(row + G, b ^ 1);
     const V* stage = reinterpret_cast<const V*>(ce_stage + (size_t)b * chunk * 16);
@@ -405,7 +415,15 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     const bool owner = r.in_range && tl >= 0 && tl < (long long)nloc * VEC;
     const float xt = owner ? to_float(reinterpret_cast<const T*>(stage)[tl]) : 0.f;
     LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f}, merge_parity);
-    if constexpr (CLUSTER > 1) st = cluster_merge<CLUSTER>(st, &slots[(row / G) & 1]);
+    if constexpr (CLUSTER > 1) {  // each CTA's statistics to every CTA (itself included), merged in rank order
+      if (threadIdx.x == 0)
+        for (int c = 0; c < CLUSTER; ++c) stats_box.send(StatsOps<LseStats>::pack(st), step, c, rank);
+      const float4* all = stats_box.receive(step);
+      const int lane = threadIdx.x & 31;
+      LseStats m = lane < CLUSTER ? StatsOps<LseStats>::unpack(all[lane]) : StatsOps<LseStats>::identity();
+      st = StatsOps<LseStats>::shfl(warp_merge<CLUSTER>(m), 0);  // the butterfly of cluster_merge: same bits
+      if (threadIdx.x == 0) stats_box.rearm(step);
+    }
     if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
     if (grad != nullptr) {
       T* g = grad + base + (long long)v0 * VEC;

@@ -748,7 +748,7 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // CTAs, each holding half the columns (the config of the half-row width, e.g. N = 16384 runs two
 // 8192-column CTAs: that kernel reads 0.87 / 0.91 of copy where the 16384 one reads 0.76 / 0.85). Per
 // row each CTA reduces its half (one block barrier) and sends its two sums to the peer through a
-// PairMailbox (st.async into the peer's shared memory, completing the peer's mbarrier); both add the
+// ClusterMailbox (st.async into the peer's shared memory, completing the peer's mbarrier); both add the
 // two halves' sums and write dx for their columns. The first version exchanged the sums with a
 // cluster barrier per row and read 0.28-0.49 of copy (sweep 2219Z): barrier.cluster.arrive.release
 // waits for the CTA's earlier global stores (the previous row's dx). PIPE: the local sums of the next
@@ -776,7 +776,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   static_assert(WARPS >= 4, "one row (half) per block");
   constexpr int T_ROW = 32 * WARPS;
   __shared__ unsigned long long bars[kMaxStages];
-  __shared__ PairMailbox<4> peer_sums;  // the peer's (sum g*dy*xhat, sum g*dy) of each row
+  __shared__ ClusterMailbox<float2, 1, 4> peer_sums;  // the peer's (sum g*dy*xhat, sum g*dy) per row
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
   const unsigned rank = cluster_ctarank();
@@ -822,7 +822,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
   Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
   float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
-  if (producer) peer_sums.send(mine, 0, peer);
+  if (producer) peer_sums.send(mine, 0, peer, 0);
   for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
     const long long next = row + ncl;
     const bool has_next = next < M;
@@ -830,7 +830,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     const float next_rstd = has_next ? rstd_in[next] : 0.f;
     const float2 cur = mine;
     if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    const float2 other = peer_sums.receive(k);
+    const float2 other = peer_sums.receive(k)[0];
     if (producer) peer_sums.rearm(k);
     // Float addition commutes: both CTAs get the same bits.
     backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd,
@@ -841,7 +841,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     // the send of row k + 1 can pass a slow warp's receive(k): the 4 slots keep slot k % 4 unwritten
     // until this CTA sends row k + 3, after row k + 2's barrier.
     if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    if (producer) peer_sums.send(mine, k + 1, peer);
+    if (producer) peer_sums.send(mine, k + 1, peer, 0);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       xr[i] = xr1[i];

@@ -74,22 +74,23 @@ __device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank
   return v;
 }
 
-// One float2 per step from the other CTA of a two-CTA cluster, without a cluster barrier per step.
-// The sender's thread 0 writes the value straight into the receiver's slot with st.async, which
-// completes a transaction on the receiver's mbarrier for that slot; the receiver waits on its own
-// mbarrier. Unlike barrier.cluster.arrive.release, nothing here orders (waits for) the sender's other
-// memory traffic, e.g. the global stores of the previous step.
-// Protocol (step k uses slot k % SLOTS, phase parity (k / SLOTS) & 1):
-//   init()          thread 0, before a cluster barrier that precedes any send: SLOTS barriers armed
-//   send(v, k)      thread 0: v into the peer's slot of step k
-//   receive(k)      every thread: waits for the peer's value of step k
-//   rearm(k)        thread 0, after its receive(k): arms the slot for step k + SLOTS
-// The peer overwrites slot k % SLOTS (step k + SLOTS) only after it received this CTA's step
-// k + SLOTS - 1; the caller must send that step only after a block barrier that follows every
-// thread's receive(k) (SLOTS >= 3 with one block barrier per step between receive and send).
-template <int SLOTS>
-struct PairMailbox {
-  float2 slot[SLOTS];
+// Per step, one value V (float2 or float4) from each of SENDERS CTAs of the cluster, without a cluster
+// barrier per step. A sender's thread 0 writes its value straight into the receiver's slot with
+// st.async, which completes a transaction on the receiver's mbarrier for that step; the receiver waits
+// on its own mbarrier until all SENDERS values are in. Unlike barrier.cluster.arrive.release this does
+// not wait for the sender's other memory traffic: a cluster barrier per row after the previous row's
+// global stores cost norm_bwd_staged_pair half its bandwidth (perf_notes).
+// Protocol (step k uses slot set k % SLOTS, phase parity (k / SLOTS) & 1):
+//   init()                   thread 0, then a cluster barrier, before any CTA sends
+//   send(v, k, cta, index)   thread 0: v into value `index` of CTA `cta`'s slot set of step k
+//   receive(k)               every thread: waits for step k's values; returns them (local memory)
+//   rearm(k)                 thread 0, after its receive(k): arms the slot set for step k + SLOTS
+// A sender rewrites slot set k % SLOTS (step k + SLOTS) only after it received step k + SLOTS - 1, so
+// the caller must send step k + SLOTS - 1 only after a block barrier that follows every thread's use
+// of the values of receive(k).
+template <typename V, int SENDERS, int SLOTS>
+struct ClusterMailbox {
+  V slot[SLOTS][SENDERS];
   unsigned long long bar[SLOTS];
 
   __device__ __forceinline__ void init() {
@@ -104,28 +105,33 @@ struct PairMailbox {
 #endif
   }
 
-  __device__ __forceinline__ void send(float2 v, int k, unsigned peer) {
+  __device__ __forceinline__ void send(V v, int k, unsigned cta, int index) {
 #if __CUDA_ARCH__ >= 900
     const int i = k % SLOTS;
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 :: "r"(cluster_map_shared(&slot[i], peer)), "f"(v.x), "f"(v.y),
-                    "r"(cluster_map_shared(&bar[i], peer)) : "memory");
+    const unsigned dst = cluster_map_shared(&slot[i][index], cta), mbar = cluster_map_shared(&bar[i], cta);
+    if constexpr (sizeof(V) == 8) {
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                   :: "r"(dst), "f"(v.x), "f"(v.y), "r"(mbar) : "memory");
+    } else {
+      static_assert(sizeof(V) == 16, "float2 or float4 values");
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                   :: "r"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(mbar) : "memory");
+    }
 #endif
   }
 
-  __device__ __forceinline__ float2 receive(int k) {
+  __device__ __forceinline__ const V* receive(int k) {
 #if __CUDA_ARCH__ >= 900
-    const int i = k % SLOTS;
     const unsigned parity = (unsigned)(k / SLOTS) & 1u;
     unsigned done = 0;
     do {
       asm volatile(
           "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
           " selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done) : "r"(local(&bar[i])), "r"(parity) : "memory");
+          : "=r"(done) : "r"(local(&bar[k % SLOTS])), "r"(parity) : "memory");
     } while (!done);
 #endif
-    return slot[k % SLOTS];  // the asm's memory clobber keeps this read after the wait
+    return slot[k % SLOTS];  // read after the wait (the asm's memory clobber)
   }
 
   __device__ __forceinline__ void rearm(int k) { arm(k % SLOTS); }
@@ -136,7 +142,8 @@ struct PairMailbox {
   }
   __device__ __forceinline__ void arm(int i) {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(local(&bar[i])), "r"(8) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(local(&bar[i])), "r"((unsigned)(SENDERS * sizeof(V))) : "memory");
 #endif
   }
 };
