@@ -17,7 +17,8 @@
 // on one mbarrier, takes its max (packed max.bf16x2) and keyed sum from there, merges across the
 // cluster when the row is split (131072: 4 CTAs, 262144: 8), and writes the gradient from shared memory.
 // Up to three CTAs per SM, each in its own phase, keep loads in flight; measured on the H200 (sweeps
-// 2026-12-03): 0.87 of copy at 32768 (one CTA per row), 0.70 / 0.67 at 131072 / 262144 (clusters).
+// 2026-12-03): 0.87 of copy at 32768 (one CTA per row), 0.755 / 0.731 at 131072 / 262144 (clusters,
+// merged through a ClusterMailbox; 0.70 / 0.67 with a cluster barrier per row).
 //
 // Fused forward + gradient, row in registers (ce_fwd, and ce_fwd_cluster on sm_90+): the thread
 // mapping of norm_fwd (cuda/norms.cu). A row is split into 16-byte vectors (VEC = 8 for bf16/fp16, 4 for
