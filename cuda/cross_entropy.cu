@@ -31,10 +31,11 @@
 //   1. ONE reduction round of (m, s, a, b) (LseStats, common/online_softmax.cuh): each thread's max and sum of
 //      exp(x - max) merged online, a = sum (x - x_0) (label smoothing only) and b = the target logit
 //      (loaded by one thread, 0 elsewhere, so the sum delivers it to every thread: its load is complete
-//      before any CTA of the cluster writes, which makes the in-place gradient safe). Shuffles, one
-//      shared-memory round across warps, and across the cluster one float4 slot per CTA read through
-//      distributed shared memory (barrier.cluster arrive.release / wait.acquire, mapa +
-//      ld.shared::cluster) and merged by a butterfly, so every CTA gets identical bits.
+//      before its CTA sends its statistics, and every CTA writes only after receiving all of them,
+//      which makes the in-place gradient safe). Shuffles, one shared-memory round across warps, and
+//      across the cluster a mailbox (common/cluster.cuh: each CTA st.async-stores its float4 into
+//      every CTA's shared memory, completing the receiver's mbarrier) merged by a butterfly in rank
+//      order, so every CTA gets identical bits.
 //   2. The gradient from the registers, written once (over the logits when grad == logits), and the
 //      per-token loss / lse by one thread. The cluster's closing barrier is split around the writes.
 // Bytes: read the logits once + write the gradient once = 4MN for 2-byte logits (+ 4-8 bytes per token
@@ -219,7 +220,7 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
 
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
 __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool row_ok, int v0, int vend,
-                                           bool leader, float4* slot) {
+                                           bool leader, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   const CeRow r = ce_row(target, t32, row, row_ok, N, ignore_index, count, grad_scale);
@@ -261,8 +262,8 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   int parity = 0;  // one reduction per row slot
   LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt}, parity);
   if constexpr (CLUSTER > 1) {
-    st = cluster_merge<CLUSTER>(st, slot);
-    cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
+    st = cluster_merge<CLUSTER>(st, box);
+    cluster_arrive();  // the closing barrier (the kernel waits on it before it exits)
   }
   if (!row_ok) return;
   if (leader) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
@@ -300,15 +301,16 @@ ce_fwd(FK_CE_FWD_PARAMS) {
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
 __global__ void __launch_bounds__(32 * WARPS, CeMinBlocks<T, VEC, ITEMS, 32 * WARPS>::value)
 ce_fwd_cluster(FK_CE_FWD_PARAMS) {
-  __shared__ float4 slot;
+  __shared__ StatsBox<CLUSTER> box;
+  cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
   ce_fwd_row<T, VEC, ITEMS, WARPS, CLUSTER>(logits, target, grad, loss, lse_out, count, M, N, t32, ignore_index,
                                             smoothing, z_loss, grad_scale, row, row < M, v0, vend,
-                                            rank == 0 && threadIdx.x == 0, &slot);
-  cluster_wait();  // every CTA has read this CTA's slot
+                                            rank == 0 && threadIdx.x == 0, &box);
+  cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -419,10 +421,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     if constexpr (CLUSTER > 1) {  // each CTA's statistics to every CTA (itself included), merged in rank order
       if (threadIdx.x == 0)
         for (int c = 0; c < CLUSTER; ++c) stats_box.send(StatsOps<LseStats>::pack(st), step, c, rank);
-      const float4* all = stats_box.receive(step);
-      const int lane = threadIdx.x & 31;
-      LseStats m = lane < CLUSTER ? StatsOps<LseStats>::unpack(all[lane]) : StatsOps<LseStats>::identity();
-      st = StatsOps<LseStats>::shfl(warp_merge<CLUSTER>(m), 0);  // the butterfly of cluster_merge: same bits
+      st = merge_ranks<CLUSTER, LseStats>(stats_box.receive(step));
       if (threadIdx.x == 0) stats_box.rearm(step);
     }
     if (rank == 0 && threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);

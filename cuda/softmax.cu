@@ -17,8 +17,8 @@
 // Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2, 4 or 8) owns a
 // row; CTA r holds the contiguous chunk of vectors [r * ceil(nvec / C), ...) in registers with the same
 // per-CTA mapping. The CTA's (k, s) is merged across the cluster through distributed shared memory
-// (common/cluster.cuh: cluster barrier, mapa + ld.shared::cluster, butterfly over C lanes), so every CTA
-// gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
+// (common/cluster.cuh: each CTA st.async-stores its (k, s) into every CTA's mailbox, a butterfly over C
+// lanes in rank order), so every CTA gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
 // Rows that fit neither (or GPUs without clusters) use softmax_fwd_looped: one row per 512-thread
 // block, an online (m, s) pass over global memory, then a second pass that re-reads x (mostly from L2)
 // and writes y: 6MN bytes; correct for any N.
@@ -320,7 +320,7 @@ __device__ __forceinline__ void mask_to_neg_inf(Vec<T, VEC> (&raw)[ITEMS], unsig
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
                                                    O* __restrict__ y, long long base, bool row_ok, int v0,
-                                                   int vend, float c, float4* slot) {
+                                                   int vend, float c, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
@@ -335,8 +335,8 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   int parity = 0;  // one reduction per row slot
   MaxSum st = row_merge<WARPS>(MaxSum{k, s}, parity);
   if constexpr (CLUSTER > 1) {
-    st = cluster_merge<CLUSTER>(st, slot);
-    cluster_arrive();  // done reading the other CTAs' slots (the kernel waits before it exits)
+    st = cluster_merge<CLUSTER>(st, box);
+    cluster_arrive();  // the closing barrier (the kernel waits on it before it exits)
   }
   if (!row_ok) return;
   const float kg = st.k == neg_inf() ? 0.f : st.k;
@@ -359,7 +359,7 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
                                                 long long row, bool row_ok, int N, float scale, int v0,
-                                                int vend, float4* slot) {
+                                                int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   RowMask rm{nullptr, (long long)N};
@@ -374,11 +374,11 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   if constexpr (MASKING != 0) {
     if (c > 0.f) {  // uniform over the launch
       mask_to_neg_inf<T, VEC, ITEMS>(raw, bits);
-      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, 0>(raw, 0ull, y, base, row_ok, v0, vend, c, slot);
+      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, 0>(raw, 0ull, y, base, row_ok, v0, vend, c, box);
       return;
     }
   }
-  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c, slot);
+  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c, box);
 }
 
 #define FK_SOFTMAX_FWD_PARAMS                                                                              \
@@ -400,14 +400,15 @@ softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
-  __shared__ float4 slot;
+  __shared__ StatsBox<CLUSTER> box;
+  cluster_merge_open(&box);
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &slot);
-  cluster_wait();  // every CTA has read this CTA's slot
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &box);
+  cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
 // Rows too long for registers: one row per block, two passes over global memory.
@@ -464,7 +465,7 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
                                                 T* __restrict__ dx, long long row, bool row_ok, int N,
-                                                float scale, int v0, int vend, float4* slot) {
+                                                float scale, int v0, int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   Vec<T, VEC> yr[ITEMS], gr[ITEMS];
@@ -487,7 +488,7 @@ __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const 
   int parity = 0;
   d = row_sum_alternating<WARPS>(d, parity);
   if constexpr (CLUSTER > 1) {
-    d = cluster_sum<CLUSTER>(d, slot);
+    d = cluster_sum<CLUSTER>(d, box);
     cluster_arrive();
   }
   if (!row_ok) return;
@@ -516,12 +517,13 @@ template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
                     float scale) {
-  __shared__ float4 slot;
+  __shared__ StatsBox<CLUSTER> box;
+  cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &slot);
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &box);
   cluster_wait();
 }
 

@@ -1,16 +1,19 @@
 // fusedkit/cuda/common/cluster.cuh
 // Thread-block cluster helpers (sm_90+) in raw PTX: the cluster barrier split into arrive (release)
-// and wait (acquire), loads from another CTA's shared memory (mapa + ld.shared::cluster), and merges of
-// one value per CTA across the cluster (a butterfly over CLUSTER lanes, so every CTA gets the same bits):
-// cluster_merge for the statistics types of common/online_softmax.cuh (MaxSum, LseStats), cluster_sum
-// for a float.
+// and wait (acquire), a mailbox
+// (ClusterMailbox: values stored into other CTAs' shared memory with st.async, completing the
+// receiver's mbarrier), and merges of one value per CTA across the cluster (a butterfly over CLUSTER
+// lanes in rank order, so every CTA gets the same bits): cluster_merge for the statistics types of
+// common/online_softmax.cuh (MaxSum, LseStats), cluster_sum for a float.
 //
-// Use (a row split over the CTAs of a cluster; every thread of every CTA takes part):
-//   __shared__ float4 slot;
-//   st = cluster_merge<C>(st, &slot);     // thread 0 writes the CTA's value, barrier, merge of all slots
-//   cluster_arrive();                     // this CTA's remote reads are done
+// Use (one row per cluster, split over its CTAs; every thread of every CTA takes part):
+//   __shared__ StatsBox<C> box;
+//   cluster_merge_open(&box);             // first thing: thread 0 arms the mailbox, cluster arrive
+//   ... load the row, reduce in the CTA ...
+//   st = cluster_merge<C>(st, &box);      // wait (all mailboxes armed), send to every CTA, merge
+//   cluster_arrive();
 //   ... work ...
-//   cluster_wait();                       // before exit: no CTA still reads this CTA's slot
+//   cluster_wait();                       // before exit
 // A kernel using these is compiled with FK_CLUSTER_DIMS(C) (compile-time cluster shape, so a plain
 // launch works) or launched with a cluster attribute (Launcher(cluster=C)). Off sm_90 the primitives
 // trap; the Python dispatch picks cluster kernels only on compute capability 9.0 and newer.
@@ -42,7 +45,7 @@ __device__ __forceinline__ void cluster_wait() {
 }
 
 // The address of `local` (a __shared__ address of this CTA) in the shared memory of CTA `rank` of the
-// cluster, for ld.shared::cluster.
+// cluster (a shared::cluster address, for st.async).
 __device__ __forceinline__ unsigned cluster_map_shared(const void* local, unsigned rank) {
   unsigned ra = 0;
 #if __CUDA_ARCH__ >= 900
@@ -54,32 +57,12 @@ __device__ __forceinline__ unsigned cluster_map_shared(const void* local, unsign
   return ra;
 }
 
-// The float4 at `local` (16-byte aligned) in the shared memory of CTA `rank` of the cluster.
-__device__ __forceinline__ float4 ld_cluster_f4(const void* local, unsigned rank) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_map_shared(local, rank)) : "memory");
-#endif
-  return v;
-}
-
-// The float2 at `local` (8-byte aligned) in the shared memory of CTA `rank` of the cluster.
-__device__ __forceinline__ float2 ld_cluster_f2(const void* local, unsigned rank) {
-  float2 v = make_float2(0.f, 0.f);
-#if __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
-               : "=f"(v.x), "=f"(v.y) : "r"(cluster_map_shared(local, rank)) : "memory");
-#endif
-  return v;
-}
-
 // Per step, one value V (float2 or float4) from each of SENDERS CTAs of the cluster, without a cluster
 // barrier per step. A sender's thread 0 writes its value straight into the receiver's slot with
 // st.async, which completes a transaction on the receiver's mbarrier for that step; the receiver waits
-// on its own mbarrier until all SENDERS values are in. Unlike barrier.cluster.arrive.release this does
-// not wait for the sender's other memory traffic: a cluster barrier per row after the previous row's
-// global stores cost norm_bwd_staged_pair half its bandwidth (perf_notes).
+// on its own mbarrier until all SENDERS values are in: one one-way trip instead of a barrier round
+// trip, and unlike barrier.cluster.arrive.release nothing waits for the sender's other memory traffic
+// (e.g. the previous row's global stores in a persistent kernel).
 // Protocol (step k uses slot set k % SLOTS, phase parity (k / SLOTS) & 1):
 //   init()                   thread 0, then a cluster barrier, before any CTA sends
 //   send(v, k, cta, index)   thread 0: v into value `index` of CTA `cta`'s slot set of step k
@@ -159,28 +142,54 @@ __device__ __forceinline__ unsigned cluster_index() FK_SREG("clusterid.x")
 __device__ __forceinline__ unsigned cluster_count() FK_SREG("nclusterid.x")
 #undef FK_SREG
 
-// The statistics of the whole cluster from each CTA's (identical in every thread of a CTA; 1-D
-// cluster, rank = blockIdx.x % CLUSTER). Every thread of every CTA must call it. Leaves a cluster
-// barrier phase open for the caller's cluster_arrive / cluster_wait pair (see above).
+// The CLUSTER float4 values of a ClusterMailbox step (index = sender rank) merged in rank order: lane r
+// holds rank r's value, a butterfly over CLUSTER lanes, lane 0's result to the whole warp.
 template <int CLUSTER, typename S>
-__device__ __forceinline__ S cluster_merge(S v, float4* slot) {
-  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = StatsOps<S>::pack(v);
-  cluster_arrive();
-  cluster_wait();
+__device__ __forceinline__ S merge_ranks(const float4* all) {
   const int lane = threadIdx.x & 31;
-  S r = lane < CLUSTER ? StatsOps<S>::unpack(ld_cluster_f4(slot, lane)) : StatsOps<S>::identity();
+  S r = lane < CLUSTER ? StatsOps<S>::unpack(all[lane]) : StatsOps<S>::identity();
   r = warp_merge<CLUSTER>(r);
   return StatsOps<S>::shfl(r, 0);
 }
 
+// One-shot merges (one row per cluster): a mailbox of one step. Before cluster barriers per row
+// (thread 0 wrote a slot, arrive.release + wait.acquire, every CTA read every slot) these read 0.70 /
+// 0.67 of copy in ce_fwd_staged at 131072 / 262144 where the mailbox reads 0.755 / 0.731 (2249Z).
+template <int CLUSTER>
+using StatsBox = ClusterMailbox<float4, CLUSTER, 1>;
+
+// Arms this CTA's mailbox and arrives at the cluster barrier that cluster_merge / cluster_sum wait on
+// (no CTA sends before every mailbox is armed). Every thread, once, before the merge.
+template <int CLUSTER>
+__device__ __forceinline__ void cluster_merge_open(StatsBox<CLUSTER>* box) {
+  if (threadIdx.x == 0 && threadIdx.y == 0) box->init();
+  cluster_arrive();
+}
+
+// The statistics of the whole cluster from each CTA's (identical in every thread of a CTA; 1-D
+// cluster). Every thread of every CTA calls it once, after cluster_merge_open. Leaves the cluster
+// barrier free for the caller's closing cluster_arrive / cluster_wait pair (see above).
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_merge(S v, StatsBox<CLUSTER>* box) {
+  cluster_wait();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned rank = cluster_ctarank();
+    for (int c = 0; c < CLUSTER; ++c) box->send(StatsOps<S>::pack(v), 0, c, rank);
+  }
+  return merge_ranks<CLUSTER, S>(box->receive(0));
+}
+
 // Sum over the cluster of one value per CTA (identical in every thread of a CTA); same protocol.
 template <int CLUSTER>
-__device__ __forceinline__ float cluster_sum(float d, float4* slot) {
-  if (threadIdx.x == 0 && threadIdx.y == 0) *slot = make_float4(d, 0.f, 0.f, 0.f);
-  cluster_arrive();
+__device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
   cluster_wait();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned rank = cluster_ctarank();
+    for (int c = 0; c < CLUSTER; ++c) box->send(make_float4(d, 0.f, 0.f, 0.f), 0, c, rank);
+  }
+  const float4* all = box->receive(0);
   const int lane = threadIdx.x & 31;
-  float r = lane < CLUSTER ? ld_cluster_f4(slot, lane).x : 0.f;
+  float r = lane < CLUSTER ? all[lane].x : 0.f;
 #pragma unroll
   for (int off = CLUSTER / 2; off > 0; off >>= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
   return __shfl_sync(0xffffffffu, r, 0);
