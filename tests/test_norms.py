@@ -244,13 +244,18 @@ def test_cupy_stream_and_cache_across_calls():
 @pytest.fixture(params=[True, False], ids=["staged", "registers"])
 def kernel_path(request, monkeypatch):
     """Runs a GPU test on both forward/backward paths: staged (bulk copies through shared memory,
-    sm_90+) and register-only, by switching the dispatch and dropping the cached launch plans."""
+    sm_90+) and register-only, by switching the dispatch and dropping the cached launch plans, the
+    public calls' own (fusedkit/_callcache.py) included: without that the register-only case of a
+    signature the staged case had planned ran the staged backward again."""
+    from fusedkit import _callcache
     from fusedkit.backends import cuda_norms as cn
     ok = cn._staged_ok
     monkeypatch.setattr(cn, "_staged_ok", (lambda device: ok(device)) if request.param else (lambda device: False))
     monkeypatch.setattr(cn, "_fwd_plans", {})
     monkeypatch.setattr(cn, "_bwd_plans", {})
-    return request.param
+    _callcache.clear()
+    yield request.param
+    _callcache.clear()
 
 
 @pytest.mark.gpu
@@ -285,6 +290,16 @@ def test_both_kernel_paths(kernel_path, shape, rms):
     h_want = (x.astype(np.float32) + r.astype(np.float32)).astype(x.dtype)
     np.testing.assert_array_equal(to_numpy(h2), h_want)
     assert_close(y2, ref64_forward(h_want, w, None if rms else b, eps, rms)[0], dtype, "y with residual")
+    _assert_backward_path(kernel_path)
+
+
+def _assert_backward_path(staged_allowed):
+    """The register-only case ran no staged or pair backward (the dispatch switch took effect)."""
+    from fusedkit.backends import cuda_norms as cn
+    kinds = {p.kind for p in cn._bwd_plans.values()}
+    assert kinds, "no backward was planned"
+    if not staged_allowed:
+        assert not kinds & {"staged", "pair"}, f"register-only case ran {kinds}"
 
 
 @pytest.mark.gpu
@@ -321,6 +336,7 @@ def test_backward_weight_forms(kernel_path, weights, shape, rms):
         assert out[1] is None
     if not rms:
         assert_rel(out[2], db64, dtype, "dbias")
+    _assert_backward_path(kernel_path)
 
 
 @pytest.mark.gpu

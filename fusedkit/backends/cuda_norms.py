@@ -390,7 +390,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
         fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
     _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas})", block, smem)
     fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
-    plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas)
+    plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas, cfg[0])
     return plan
 
 
@@ -410,14 +410,15 @@ def _resident_pairs(k, expr, device, block, smem) -> int:
 
 class BwdLaunch:
     """A backward plan: the row kernel's launcher, block, shared memory, rows per block, resident
-    blocks (fit), the column_sum, the extra kernel arguments (ring stages) and the CTAs per row slot
-    (2 for the pair kernel, whose clusters share each row)."""
+    blocks (fit), the column_sum, the extra kernel arguments (ring stages), the CTAs per row slot
+    (2 for the pair kernel, whose clusters share each row) and the kernel kind (the config's first
+    field: "rows", "staged", "pair" or "looped")."""
 
-    __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas")
+    __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas", "kind")
 
-    def __init__(self, fn, block, smem, rpb, fit, colsum, extra, ctas):
+    def __init__(self, fn, block, smem, rpb, fit, colsum, extra, ctas, kind):
         self.fn, self.block, self.smem, self.rpb, self.fit = fn, block, smem, rpb, fit
-        self.colsum, self.extra, self.ctas = colsum, extra, ctas
+        self.colsum, self.extra, self.ctas, self.kind = colsum, extra, ctas, kind
 
     def grid(self, M: int):
         """(blocks, P) for M rows: P row slots' partial rows (the pair's two CTAs share one)."""
