@@ -156,20 +156,13 @@ __device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, const LseStats&
   return {lse_key(st.m), coef / st.s, r.g * smoothing / (float)N, r.g * (1.f - smoothing)};
 }
 
-// The gradient of one vector, stored at p: a 16-byte vector as whole words (store_floats16).
+// The gradient of one vector, stored at p: a 16-byte vector as whole words (store_floats).
 template <typename T, int VEC>
 __device__ __forceinline__ void ce_store_grad(T* p, const Vec<T, VEC>& x, const CeGrad& g) {
   float f[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase);
-  if constexpr (VEC * sizeof(T) == 16) {
-    store_floats16<T, VEC>(p, f);
-  } else {
-    Vec<T, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = from_float<T>(f[j]);
-    store_vec<T, VEC>(p, o);
-  }
+  store_floats<T, VEC>(p, f);
 }
 
 // A vector of zero gradient (an ignored row).
