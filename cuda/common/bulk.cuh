@@ -36,6 +36,15 @@ __device__ __forceinline__ void bulk_load(void* dst_smem, const void* src_gmem, 
 #endif
 }
 
+// Asks the L2 to fetch `bytes` at `src_gmem` (both multiples of 16) ahead of the loads that will read
+// them (cp.async.bulk.prefetch: one instruction, no registers, no completion to wait for). A no-op off
+// sm_90, so kernels that also run there may call it.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src_gmem, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src_gmem), "r"(bytes) : "memory");
+#endif
+}
+
 struct StageRing {
   unsigned long long* bars;
   int stages;
