@@ -768,9 +768,10 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // 8192-column CTAs: that kernel reads 0.87 / 0.91 of copy where the 16384 one reads 0.76 / 0.85). Per
 // row each CTA reduces its half (one block barrier) and sends its two sums to the peer through a
 // ClusterMailbox (st.async into the peer's shared memory, completing the peer's mbarrier); both add the
-// two halves' sums and write dx for their columns. The first version exchanged the sums with a
-// cluster barrier per row and read 0.28-0.49 of copy (sweep 2219Z): barrier.cluster.arrive.release
-// waits for the CTA's earlier global stores (the previous row's dx). PIPE: the local sums of the next
+// two halves' sums and write dx for their columns (backward_dx_cols with WORD_STORES: NVVM split the
+// Vec stores of dx into 2- and 4-byte stores here, which held the first runs to 0.28-0.37 of copy,
+// sweeps 2219Z / 2228Z; a cluster barrier per row instead of the mailbox also waits for the previous
+// row's dx stores, barrier.cluster.arrive.release). PIPE: the local sums of the next
 // row are computed before waiting for the peer's sums of this row (two rows in registers). Ring,
 // weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per cluster
 // (each CTA writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
