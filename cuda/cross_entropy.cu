@@ -412,8 +412,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     const float xt = owner ? to_float(reinterpret_cast<const T*>(stage)[tl]) : 0.f;
     LseStats st = row_merge<THREADS / 32>(LseStats{m, s, a, threadIdx.x == 0 ? xt : 0.f}, merge_parity);
     if constexpr (CLUSTER > 1) {  // each CTA's statistics to every CTA (itself included), merged in rank order
-      if (threadIdx.x == 0)
-        for (int c = 0; c < CLUSTER; ++c) stats_box.send(StatsOps<LseStats>::pack(st), step, c, rank);
+      if (threadIdx.x == 0) stats_box.send_all(StatsOps<LseStats>::pack(st), step, rank);
       st = merge_ranks<CLUSTER, LseStats>(stats_box.receive(step));
       if (threadIdx.x == 0) stats_box.rearm(step);
     }

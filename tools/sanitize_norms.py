@@ -11,12 +11,20 @@ from fusedkit.backends import cuda_norms as cn
 
 rng = np.random.default_rng(0)
 ok = True
+
+
+def drop_plans():
+    """Forget the backend's launch plans and the public calls' own (fusedkit/_callcache.py), so the next
+    call plans again under the settings just changed (without the second, an earlier pass's kernel ran)."""
+    cn._fwd_plans.clear()
+    cn._bwd_plans.clear()
+    _callcache.clear()
+
+
 staged_ok = cn._staged_ok
 for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
     cn._staged_ok = staged_ok if staged else (lambda device: False)
-    cn._fwd_plans.clear()
-    cn._bwd_plans.clear()
-    _callcache.clear()  # the public calls keep their own plans
+    drop_plans()
     for (M, N) in ((3, 7), (5, 781), (9, 1024), (6, 4096), (5, 16384), (2, 65536), (2, 131072)):
         x = rng.standard_normal((M, N)).astype(dtype)
         w = rng.standard_normal(N).astype(dtype)
@@ -37,8 +45,7 @@ for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
 cn._staged_ok = staged_ok
 for lanes in (8, 32):
     cn.COLSUM_LANES = lanes
-    cn._bwd_plans.clear()
-    _callcache.clear()  # the public calls keep their own plans
+    drop_plans()
     for (M, N) in ((300, 96), (1000, 1024)):
         x = rng.standard_normal((M, N)).astype("float32")
         w = rng.standard_normal(N).astype("float32")
@@ -54,15 +61,15 @@ for lanes in (8, 32):
                 print("MISMATCH column_sum lanes", lanes, name, M, N, err)
                 ok = False
 cn.COLSUM_LANES = 32
-cn._bwd_plans.clear()
-_callcache.clear()  # the public calls keep their own plans
-# The two-CTA backward experiment (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row
-# sums read from the peer's shared memory), forced through TUNED_PAIR; more rows than resident clusters.
+drop_plans()
+# The two-CTA backward (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row sums sent
+# to the peer's shared memory), forced through TUNED_PAIR for both PIPE variants and for N = 8192 (not
+# shipped there); more rows than resident clusters.
+tuned_pair = dict(cn.TUNED_PAIR)
 for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (700, 8192, True)):
     for rms in (False, True):
         cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe)[2:]}
-        cn._bwd_plans.clear()
-        _callcache.clear()  # the public calls keep their own plans
+        drop_plans()
         x = rng.standard_normal((M, N)).astype("float16")
         w = rng.standard_normal(N).astype("float16")
         dy = rng.standard_normal((M, N)).astype("float16")
@@ -84,9 +91,8 @@ for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (7
             if not err < 2e-2:
                 print("MISMATCH pair", "rms" if rms else "ln", "pipe" if pipe else "wait", name, M, N, err)
                 ok = False
-cn.TUNED_PAIR = {}
-cn._bwd_plans.clear()
-_callcache.clear()  # the public calls keep their own plans
+cn.TUNED_PAIR = tuned_pair
+drop_plans()
 # FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).
 cn._staged_ok = staged_ok

@@ -66,6 +66,7 @@ __device__ __forceinline__ unsigned cluster_map_shared(const void* local, unsign
 // Protocol (step k uses slot set k % SLOTS, phase parity (k / SLOTS) & 1):
 //   init()                   thread 0, then a cluster barrier, before any CTA sends
 //   send(v, k, cta, index)   thread 0: v into value `index` of CTA `cta`'s slot set of step k
+//   send_all(v, k, index)    thread 0: the same into every CTA's (SENDERS = the cluster size)
 //   receive(k)               every thread: waits for step k's values; returns them (local memory)
 //   rearm(k)                 thread 0, after its receive(k): arms the slot set for step k + SLOTS
 // A sender rewrites slot set k % SLOTS (step k + SLOTS) only after it received step k + SLOTS - 1, so
@@ -101,6 +102,11 @@ struct ClusterMailbox {
                    :: "r"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(mbar) : "memory");
     }
 #endif
+  }
+
+  // v into value `index` of every CTA's slot set of step k (SENDERS CTAs, this one included).
+  __device__ __forceinline__ void send_all(V v, int k, int index) {
+    for (int c = 0; c < SENDERS; ++c) send(v, k, c, index);
   }
 
   __device__ __forceinline__ const V* receive(int k) {
@@ -152,9 +158,9 @@ __device__ __forceinline__ S merge_ranks(const float4* all) {
   return StatsOps<S>::shfl(r, 0);
 }
 
-// One-shot merges (one row per cluster): a mailbox of one step. Before cluster barriers per row
-// (thread 0 wrote a slot, arrive.release + wait.acquire, every CTA read every slot) these read 0.70 /
-// 0.67 of copy in ce_fwd_staged at 131072 / 262144 where the mailbox reads 0.755 / 0.731 (2249Z).
+// One-shot merges (one row per cluster): a mailbox of one step. With a cluster barrier instead (thread
+// 0 wrote a slot, arrive.release + wait.acquire, every CTA read every slot) softmax_fwd_cluster read
+// 0.79 / 0.73 of copy at 65536 / 262144; with the mailbox 0.819 / 0.753 (run 225646Z).
 template <int CLUSTER>
 using StatsBox = ClusterMailbox<float4, CLUSTER, 1>;
 
@@ -172,10 +178,7 @@ __device__ __forceinline__ void cluster_merge_open(StatsBox<CLUSTER>* box) {
 template <int CLUSTER, typename S>
 __device__ __forceinline__ S cluster_merge(S v, StatsBox<CLUSTER>* box) {
   cluster_wait();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    const unsigned rank = cluster_ctarank();
-    for (int c = 0; c < CLUSTER; ++c) box->send(StatsOps<S>::pack(v), 0, c, rank);
-  }
+  if (threadIdx.x == 0 && threadIdx.y == 0) box->send_all(StatsOps<S>::pack(v), 0, cluster_ctarank());
   return merge_ranks<CLUSTER, S>(box->receive(0));
 }
 
@@ -183,10 +186,7 @@ __device__ __forceinline__ S cluster_merge(S v, StatsBox<CLUSTER>* box) {
 template <int CLUSTER>
 __device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
   cluster_wait();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    const unsigned rank = cluster_ctarank();
-    for (int c = 0; c < CLUSTER; ++c) box->send(make_float4(d, 0.f, 0.f, 0.f), 0, c, rank);
-  }
+  if (threadIdx.x == 0 && threadIdx.y == 0) box->send_all(make_float4(d, 0.f, 0.f, 0.f), 0, cluster_ctarank());
   const float4* all = box->receive(0);
   const int lane = threadIdx.x & 31;
   float r = lane < CLUSTER ? all[lane].x : 0.f;
