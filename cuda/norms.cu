@@ -42,6 +42,8 @@
 //     shared-memory stages (common/bulk.cuh) while the block works on the current one; the row
 //     reduction's barrier also frees the stage for its refill. The statistics of the next row are
 //     loaded one iteration ahead. MIN_BLOCKS: the occupancy asked of ptxas (swept; 0 = default wins).
+//     CLUSTER > 1 (launched with a cluster attribute): the CTAs of a cluster add their partial rows
+//     through distributed shared memory before writing one (write_cluster_partials).
 //   norm_bwd_staged_pair (sm_90, where cuda_norms.TUNED_PAIR names the shape: N = 16384 in bf16 /
 //     fp16): each row split over a cluster of two CTAs, the row sums exchanged through distributed
 //     shared memory.
@@ -485,6 +487,23 @@ struct Accumulators {
       for (int j = 0; j < VEC; ++j) db[i][j] += d[j];
     }
   }
+  // This thread's columns of dweight / dbias into shared-memory rows (the cluster merge below; a null
+  // row is skipped).
+  template <int T_ROW>
+  __device__ __forceinline__ void stage(float* dw_row, float* db_row, int N) const {
+    const int nvec = N / VEC;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = threadIdx.x + i * T_ROW;
+      if (v < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if (dw_row != nullptr) dw_row[v * VEC + j] = DW_S ? dw_s[v * VEC + j] : dw[i][j];
+          if (db_row != nullptr) db_row[v * VEC + j] = DB_S ? db_s[v * VEC + j] : db[i][j];
+        }
+      }
+    }
+  }
   // One fp32 partial row of dweight / dbias per (block, row slot) p; column_sum adds them.
   template <int T_ROW>
   __device__ __forceinline__ void write(float* __restrict__ dw_part, float* __restrict__ db_part, long long p,
@@ -700,6 +719,48 @@ __device__ __forceinline__ void read_stage(Vec<T, VEC> (&raw)[ITEMS], const T* s
   }
 }
 
+// The partial rows of a cluster of CLUSTER CTAs added before they leave the SM (norm_bwd_staged with
+// CLUSTER > 1): each CTA stages its RPB rows of dweight (and dbias) in its own shared memory (`red`,
+// the ring, idle once the row loop is over), a cluster barrier, then CTA rank r adds slice r of the
+// columns over every CTA's rows (rank order, then row slot: a fixed order, deterministic) from
+// distributed shared memory and writes it to partial row cluster_index(). P = clusters instead of
+// blocks x RPB: CLUSTER x RPB times fewer partial bytes written here and read by column_sum.
+template <int VEC, int ITEMS, int T_ROW, int RPB, int CLUSTER, class Acc>
+__device__ __forceinline__ void write_cluster_partials(const Acc& acc, float* red, float* __restrict__ dw_part,
+                                                       float* __restrict__ db_part, int N) {
+  __syncthreads();  // every thread is past its last read of the ring (and every issued copy landed)
+  acc.template stage<T_ROW>(dw_part != nullptr ? red + threadIdx.y * N : nullptr,
+                            db_part != nullptr ? red + (RPB + threadIdx.y) * N : nullptr, N);
+  cluster_arrive();
+  cluster_wait();
+  const int nq = N / 4;  // float4 columns (the staged path has 16-byte rows: N % 4 == 0)
+  const int per = (nq + CLUSTER - 1) / CLUSTER;
+  const int q0 = (int)cluster_ctarank() * per, q1 = min(nq, q0 + per);
+  const long long p = (long long)(blockIdx.x / CLUSTER) * N;  // 1-D clusters of consecutive blocks
+  for (int q = q0 + threadIdx.y * T_ROW + threadIdx.x; q < q1; q += T_ROW * RPB) {
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      float* out = o == 0 ? dw_part : db_part;
+      if (out == nullptr) continue;
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int c = 0; c < CLUSTER; ++c) {
+#pragma unroll
+        for (int r = 0; r < RPB; ++r) {
+          const float4 v = ld_cluster_f4(cluster_map_shared(red + (o * RPB + r) * N + 4 * q, c));
+          s.x += v.x;
+          s.y += v.y;
+          s.z += v.z;
+          s.w += v.w;
+        }
+      }
+      *reinterpret_cast<float4*>(out + p + 4 * q) = s;
+    }
+  }
+  cluster_arrive();  // no CTA exits while another reads its rows
+  cluster_wait();
+}
+
 // MIN_BLOCKS: the occupancy asked of ptxas (blocks per SM; 0: 2 for blocks of <= 256 threads, else 1).
 // More resident blocks are more rows in work per SM, which is what this latency-bound loop lacks
 // (docs/perf_notes.rst); the cap they put on registers must not make ptxas spill (compile-all check).
@@ -708,7 +769,8 @@ struct BwdMinBlocks {
   static constexpr int value = MIN_BLOCKS > 0 ? MIN_BLOCKS : (THREADS <= 256 ? 2 : 1);
 };
 
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS>
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS,
+          int CLUSTER = 1>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
                                   (BwdMinBlocks<32 * WARPS * RowsPerBlock<WARPS>::value, MIN_BLOCKS>::value))
 norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
@@ -760,7 +822,12 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     mean = next_mean;
     rstd = next_rstd;
   }
-  acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
+  if constexpr (CLUSTER > 1) {
+    write_cluster_partials<VEC, ITEMS, T_ROW, RPB, CLUSTER>(acc, reinterpret_cast<float*>(staged_smem), dw_part,
+                                                            RMS ? nullptr : db_part, N);
+  } else {
+    acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
+  }
 }
 
 // Dispatched where cuda_norms.TUNED_PAIR names the shape (N = 16384): each row split over a cluster of two

@@ -421,6 +421,58 @@ def test_pair_backward(pipe, weights, shape, rms, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
+@pytest.mark.parametrize("case", [("bfloat16", (1151, 1024), None), ("bfloat16", (2, 5, 1024), (2, 2, 2, 0)),
+                                  ("bfloat16", (3, 4096), None), ("bfloat16", (301, 8192), None),
+                                  ("float32", (77, 2048), None)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_cluster_merged_partials(cluster, weights, case, rms, monkeypatch):
+    """The staged backward whose clusters add their dweight / dbias partial rows through distributed
+    shared memory (norm_bwd_staged with CLUSTER > 1), forced through TUNED_STAGED: dx, dweight and
+    dbias against the float64 reference for every weight form, first call and cached repeat; fewer
+    rows than CTAs (idle CTAs add zeros), two row slots per block, fp32 rows."""
+    torch = pytest.importorskip("torch")
+    from fusedkit import _callcache
+    from fusedkit.backends import cuda_norms as cn
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies: sm_90+")
+    dtype, shape, base = case
+    N, s = shape[-1], 4 if dtype == "float32" else 2
+    base = base or cn._staged_config(N, s, rms)[2:6]
+    monkeypatch.setattr(cn, "TUNED_STAGED", {("rms" if rms else "ln", N, s): tuple(base) + (cluster,)})
+    monkeypatch.setattr(cn, "TUNED_PAIR", {})
+    monkeypatch.setattr(cn, "_bwd_plans", {})
+    _callcache.clear()
+    rng, x, w, b = _make("torch", dtype, shape, dtype, ("cluster", cluster, weights, shape, rms))
+    zc = weights == "zero_centered"
+    if zc:
+        w = (w.astype(np.float32) - 1.0).astype(w.dtype)
+    dy = rand(rng, shape, dtype)
+    X, W, B, DY = (to_backend(a, "torch") for a in (x, w, b, dy))
+    Wk = None if weights == "none" else W
+    g = None if weights == "none" else (w.astype(np.float64) + (1.0 if zc else 0.0))
+    dx64, dw64, db64 = ref64_backward(dy, x, g, 1e-5, rms)
+    for attempt in ("first call", "cached plan"):
+        if rms:
+            _, rstd = fk.rms_norm(X, Wk, zero_centered_gamma=zc, return_stats=True)
+            out = fk.rms_norm_backward(DY, X, Wk, rstd, zero_centered_gamma=zc)
+        else:
+            _, mean, rstd = fk.layer_norm(X, Wk, B if Wk is not None else None, zero_centered_gamma=zc,
+                                          return_stats=True)
+            out = fk.layer_norm_backward(DY, X, Wk, mean, rstd, zero_centered_gamma=zc)
+            assert_rel(out[2], db64, dtype, f"dbias, {attempt}")
+        torch.cuda.synchronize()
+        assert_close(out[0], dx64.reshape(shape), dtype, f"dx, {attempt}")
+        if Wk is not None:
+            assert_rel(out[1], dw64, dtype, f"dweight, {attempt}")
+        else:
+            assert out[1] is None
+    assert any(p.merge == cluster for p in cn._bwd_plans.values()), "the cluster merge was not dispatched"
+    _callcache.clear()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2, 4], ids=lambda o: f"offset{o}")
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_misaligned_pointers(offset, rms):
@@ -490,8 +542,13 @@ def test_backward_kernels_are_registered(rms):
                 for plain_w in (False, True):
                     assert cn.bwd_expr(cfg, x_dt, x_dt, rms, plain_w=plain_w) in exprs
                 if cfg[0] == "staged":
-                    assert len(cfg) == 6 and cfg[4] >= 2 and cfg[5] >= 0
+                    assert len(cfg) == 7 and cfg[4] >= 2 and cfg[5] >= 0 and cfg[6] in (1,) + cn.CLUSTER_CHOICES
                     assert cn.bwd_smem_bytes(cfg, rms, N, s) <= 227 * 1024
+                    # a cluster merge stages 2 x rpb fp32 rows in the ring
+                    assert cfg[4] * 2 * cn.rows_per_block(cfg[3]) * N * s >= 2 * cn.rows_per_block(cfg[3]) * N * 4
+                    if x_dt != "float16":  # the variants the cluster-merge test forces are registered
+                        for c in cn.CLUSTER_CHOICES:
+                            assert cn.bwd_expr(cfg[:6] + (c,), x_dt, x_dt, rms, plain_w=True) in exprs
     for N, pipe in ((8192, False), (16384, False), (16384, True)):  # the pair kernels the tests force
         pair = cn.pair_from_half(N, 2, rms, pipe)
         assert pair is not None and pair[3] >= 4 and pair[6] == pipe

@@ -1,6 +1,7 @@
 """Small norm calls covering every kernel kind (staged and register rows, shared-memory dbias, a staged
 ring refilled by one block (5 x 16384: one block walks all five rows), looped, odd N, column_sum with 8
-and 32 lanes, the two-CTA backward experiment, FP8 output), for compute-sanitizer memcheck / racecheck.
+and 32 lanes, the two-CTA backward, the cluster merge of the partial rows, FP8 output), for
+compute-sanitizer memcheck / racecheck.
 Exits non-zero on a wrong result."""
 import cupy
 import numpy as np
@@ -92,6 +93,40 @@ for (M, N, pipe) in ((5, 16384, False), (700, 8192, False), (5, 16384, True), (7
                 print("MISMATCH pair", "rms" if rms else "ln", "pipe" if pipe else "wait", name, M, N, err)
                 ok = False
 cn.TUNED_PAIR = tuned_pair
+drop_plans()
+# The staged backward with its partial rows added over a cluster (CLUSTER 2 and 4: every CTA reads the
+# others' shared memory), forced through TUNED_STAGED; fewer rows than CTAs (idle CTAs add zeros),
+# several row slots per block (N = 1024, two warps per row), dweight and dbias.
+tuned_staged = dict(cn.TUNED_STAGED)
+for cluster in cn.CLUSTER_CHOICES:
+    for (M, N) in ((3, 1024), (700, 1024), (37, 4096)):
+        for rms in (False, True):
+            base = cn._staged_config(N, 2, rms)
+            cfg = ("staged", 8, 2, 2, 2, 0) if N == 1024 else base[:6]
+            cn.TUNED_STAGED = {("rms" if rms else "ln", N, 2): cfg[2:] + (cluster,)}
+            drop_plans()
+            x = rng.standard_normal((M, N)).astype("float16")
+            w = rng.standard_normal(N).astype("float16")
+            dy = rng.standard_normal((M, N)).astype("float16")
+            X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
+            if rms:
+                _, r = fk.rms_norm(X, W, return_stats=True)
+                got = fk.rms_norm_backward(DY, X, W, r)
+                want = ref.rms_norm_backward(dy, x, w, r.get())
+            else:
+                _, m, r = fk.layer_norm(X, W, W, return_stats=True)
+                got = fk.layer_norm_backward(DY, X, W, m, r)
+                want = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
+            cupy.cuda.Device().synchronize()
+            if not any(p.merge == cluster for p in cn._bwd_plans.values()):
+                print("MISMATCH cluster merge not dispatched", cluster, M, N, rms)
+                ok = False
+            for name, g, wnt in zip(("dx", "dweight", "dbias"), got, want):
+                err = np.abs(g.get().astype(np.float64) - wnt).max() / (np.abs(wnt).max() + 1e-30)
+                if not err < 2e-2:
+                    print("MISMATCH cluster merge", cluster, "rms" if rms else "ln", name, M, N, err)
+                    ok = False
+cn.TUNED_STAGED = tuned_staged
 drop_plans()
 # FP8 output (norm_fwd_fp8 / norm_fwd_looped_fp8): rows and looped kernels, residual, odd N, M = 0, a
 # misaligned view; bytes against the cast of the kernel's own fp32 y (same row code: must be equal).

@@ -28,6 +28,10 @@ EXTRA_STAGES = tuple(int(s) for s in os.environ.get("SWEEP_STAGES", "").split(",
 # row split over a cluster of two CTAs), with every staged config of the half row (4+ warps), with and
 # without PIPE; with SWEEP_TUNED_ONLY=1, the pairs made from the half row's shipped staged config.
 PAIR = os.environ.get("SWEEP_PAIR", "0") == "1"
+# SWEEP_CLUSTERS="1,2,4": the staged backward candidates at each cluster-merge size (the CTAs of a
+# cluster add their dweight / dbias partial rows before writing one; with SWEEP_TUNED_ONLY=1, the
+# shipped staged config at each size)
+CLUSTERS = tuple(int(c) for c in os.environ.get("SWEEP_CLUSTERS", "1").split(",") if c)
 
 
 def min_blocks_choices(threads):
@@ -41,7 +45,9 @@ def candidates(N, direction, rms):
         if direction == "fwd":
             return [cn.fwd_config(N, 2, rms)]
         pairs = [cn.pair_from_half(N, 2, rms, pipe) for pipe in (False, True)] if PAIR else []
-        return [cn.bwd_config(N, 2, rms, staged=True)] + [p for p in pairs if p]
+        shipped = cn.bwd_config(N, 2, rms, staged=True)
+        merged = [shipped[:6] + (c,) for c in CLUSTERS if c != shipped[6]] if shipped[0] == "staged" else []
+        return [shipped] + merged + [p for p in pairs if p]
     vec = cn.vec_width(N, 2)
     nv = N // vec
     out = []
@@ -62,11 +68,12 @@ def candidates(N, direction, rms):
                 depths = {max(2, min(cn.MAX_STAGES, b // group)) for b in RING_BYTES} | set(EXTRA_STAGES)
                 for st in sorted(depths):
                     for mb in min_blocks_choices(threads):
-                        out.append(("staged", vec, items, warps, st, mb))
+                        for c in CLUSTERS:
+                            out.append(("staged", vec, items, warps, st, mb, c))
     if PAIR and direction == "bwd" and N % (2 * vec) == 0:
         for c in candidates_plain(N // 2, rms):
             for pipe in (0, 1):
-                out.append(("pair",) + c[1:] + (pipe,))
+                out.append(("pair",) + c[1:6] + (pipe,))
     return out
 
 
@@ -75,7 +82,7 @@ def candidates_plain(N, rms):
     global PAIR
     saved, PAIR = PAIR, False
     try:
-        return [c for c in candidates(N, "bwd", rms) if c[0] == "staged" and c[3] >= 4]
+        return list(dict.fromkeys(c[:6] + (1,) for c in candidates(N, "bwd", rms) if c[0] == "staged" and c[3] >= 4))
     finally:
         PAIR = saved
 

@@ -1,9 +1,9 @@
 // fusedkit/cuda/common/cluster.cuh
 // Thread-block cluster helpers (sm_90+) in raw PTX: the cluster barrier split into arrive (release)
-// and wait (acquire), a mailbox
-// (ClusterMailbox: values stored into other CTAs' shared memory with st.async, completing the
-// receiver's mbarrier), and merges of one value per CTA across the cluster (a butterfly over CLUSTER
-// lanes in rank order, so every CTA gets the same bits): cluster_merge for the statistics types of
+// and wait (acquire), a mailbox (ClusterMailbox: values stored into other CTAs' shared memory with
+// st.async, completing the receiver's mbarrier), loads from another CTA's shared memory
+// (ld_cluster_f4), and merges of one value per CTA across the cluster (a butterfly over CLUSTER lanes
+// in rank order, so every CTA gets the same bits): cluster_merge for the statistics types of
 // common/online_softmax.cuh (MaxSum, LseStats), cluster_sum for a float.
 //
 // Use (one row per cluster, split over its CTAs; every thread of every CTA takes part):
@@ -55,6 +55,20 @@ __device__ __forceinline__ unsigned cluster_map_shared(const void* local, unsign
   __trap();
 #endif
   return ra;
+}
+
+// A float4 from the shared memory of another CTA of the cluster (addr from cluster_map_shared).
+// Ordered by the caller's cluster barrier (cluster_wait's acquire), so no memory clobber here: the
+// loads of an unrolled loop may all be in flight at once.
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+#else
+  __trap();
+#endif
+  return v;
 }
 
 // Per step, one value V (float2 or float4) from each of SENDERS CTAs of the cluster, without a cluster

@@ -42,13 +42,14 @@ TUNED: dict = {
 }
 
 # The staged backward (sm_90: rows through a ring of shared-memory stages filled by bulk copies), tuned
-# (items, warps, stages, min_blocks) per (op, N, itemsize) (min_blocks: the occupancy asked of ptxas,
-# 0 = the kernel's default); used on sm_90 for every shape it applies to (rule in
-# _staged_config). A staged forward was measured too and lost to the register kernel at every swept
+# (items, warps, stages, min_blocks, cluster) per (op, N, itemsize) (min_blocks: the occupancy asked of
+# ptxas, 0 = the kernel's default; cluster: CTAs per cluster that add their dweight / dbias partial rows
+# through distributed shared memory before writing one, 1 = none); used on sm_90 for every shape it
+# applies to (rule in _staged_config). A staged forward was measured too and lost to the register kernel at every swept
 # shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
 TUNED_STAGED: dict = {
-    ("ln", 1024, 2): (1, 4, 4, 0), ("ln", 4096, 2): (2, 8, 2, 0), ("ln", 8192, 2): (2, 16, 3, 0),
-    ("rms", 1024, 2): (2, 2, 2, 0), ("rms", 4096, 2): (1, 16, 2, 0), ("rms", 8192, 2): (2, 16, 2, 0),
+    ("ln", 1024, 2): (1, 4, 4, 0, 1), ("ln", 4096, 2): (2, 8, 2, 0, 1), ("ln", 8192, 2): (2, 16, 3, 0, 1),
+    ("rms", 1024, 2): (2, 2, 2, 0, 1), ("rms", 4096, 2): (1, 16, 2, 0, 1), ("rms", 8192, 2): (2, 16, 2, 0, 1),
 }  # N = 16384 (was (4, 16, 2, 0) for both) runs the pair kernel below
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
 # (items, warps, stages, min_blocks, pipe) of the half row per (op, N, itemsize); takes precedence over
@@ -58,6 +59,7 @@ TUNED_STAGED: dict = {
 TUNED_PAIR: dict = {
     ("ln", 16384, 2): (2, 16, 2, 0, 0), ("rms", 16384, 2): (2, 16, 2, 0, 0),
 }
+CLUSTER_CHOICES = (2, 4)        # cluster-merge sizes of the staged backward that are registered and swept
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
 
@@ -94,7 +96,7 @@ def _staged_config(N, itemsize, rms):
     _, _, items, warps = cfg
     group_bytes = rows_per_block(warps) * N * itemsize * 2
     stages = max(2, min(MAX_STAGES, STAGE_BYTES_TARGET // group_bytes))
-    return ("staged", vec, items, warps, stages, 0)
+    return ("staged", vec, items, warps, stages, 0, 1)
 
 
 # The FP8-output forward's own winners where they differ from the plain forward's (it is issue-bound,
@@ -136,7 +138,7 @@ def pair_from_half(N, itemsize, rms, pipe: bool = False):
     """A pair config for rows of N: the staged config of the half row (N / 2) and the PIPE flag (the
     next row's local sums before waiting for the peer's sums of this row), or None."""
     half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
-    return None if half is None or half[3] < 4 else ("pair",) + half[1:] + (int(pipe),)
+    return None if half is None or half[3] < 4 else ("pair",) + half[1:6] + (int(pipe),)
 
 
 def _pair_config(N, itemsize, rms):
@@ -149,8 +151,8 @@ def _pair_config(N, itemsize, rms):
 
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
-    """Launch config of the backward: ("pair" | "staged", vec, items, warps, stages, min_blocks) when
-    `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
+    """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks, cluster) or
+    ("pair", vec, items, warps, stages, min_blocks, pipe) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
     warps) or ("looped", vec)."""
     cfg = None
     if staged and max_vec >= 16 // itemsize:
@@ -209,13 +211,16 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
             return f"fk::norm_bwd<{head}>"
         if cfg[0] == "pair":
             return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}>"
-        return f"fk::norm_bwd_staged<{head}, {cfg[5]}>"
+        cluster = f", {cfg[6]}" if cfg[6] > 1 else ""  # CLUSTER = 1: the template's default
+        return f"fk::norm_bwd_staged<{head}, {cfg[5]}{cluster}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
 def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
     """Dynamic shared memory of the backward (mirrors norm_bwd / norm_bwd_staged in norms.cu).
-    The staged ring (x and dy), then the dbias rows when a thread owns 32+ columns (DbiasInSmem)."""
+    The staged ring (x and dy), then the dbias rows when a thread owns 32+ columns (DbiasInSmem). A
+    cluster merge (staged, cluster > 1) stages 2 x rpb fp32 rows in the ring: it holds them, as
+    stages >= 2 and 2-byte elements give stages x itemsize >= 4."""
     if cfg[0] == "looped":
         return 0
     vec, items, warps = cfg[1:4]
@@ -371,7 +376,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
     cfg = config or bwd_config(N, itemsize, rms, _staged_ok(device), max_vec)
     expr = bwd_expr(cfg, x_dt, w_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
-    extra, ctas = (), 1
+    extra, ctas, merge = (), 1, 1
     if cfg[0] in ("rows", "staged", "pair"):
         warps = cfg[3]
         rpb = rows_per_block(warps)
@@ -381,48 +386,71 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
             extra = (cfg[4],)
         if cfg[0] == "pair":
             ctas = 2
+        elif cfg[0] == "staged":
+            merge = cfg[6]
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
-    if ctas == 2:  # resident CTAs of a cluster kernel: the driver's count of resident clusters
-        fit = 2 * _resident_pairs(k, expr, device, block, smem)
+    size = max(ctas, merge)
+    if size > 1:  # a cluster kernel: the driver's count of resident clusters
+        clusters = _resident_clusters(k, device, block, smem, size)
+        if clusters < 1:  # this GPU cannot hold one such cluster: the kernel without clusters
+            _env.debug(1, f"norm_bwd: {expr} cannot launch clusters of {size} x {block[0]} threads with {smem} B "
+                          f"of shared memory on device {device}; falling back")
+            plan = _bwd_plan(N, x_dt, w_dt, rms, device, _without_cluster(cfg, N, itemsize, rms), max_vec, plain_w)
+            _bwd_plans[key] = plan
+            return plan
+        fit = size * clusters
     else:
         fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
-    _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas})", block, smem)
-    fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device)
-    plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas, cfg[0])
+    _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas}), cluster {size}", block, smem)
+    fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device, cluster=merge)
+    plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas, cfg[0],
+                                       merge)
     return plan
 
 
-def _resident_pairs(k, expr, device, block, smem) -> int:
-    """Clusters of two CTAs of the pair kernel resident at once (cuOccupancyMaxActiveClusters; opts
-    the kernel in to more than 48 KB of dynamic shared memory first)."""
+def _without_cluster(cfg, N, itemsize, rms):
+    """The fallback of a cluster config: the staged kernel with cluster 1 (a pair: the rule's staged
+    config of N, else the register rows)."""
+    if cfg[0] == "staged":
+        return cfg[:6] + (1,)
+    staged = _staged_config(N, itemsize, rms)
+    if staged is not None:
+        return staged[:6] + (1,)
+    return _rows_config(N, itemsize, MAX_ITEMS_BWD, MAX_WARPS_BWD, "bwd", rms)
+
+
+def _resident_clusters(k, device, block, smem, size) -> int:
+    """Clusters of `size` CTAs of kernel k resident at once (cuOccupancyMaxActiveClusters; opts the
+    kernel in to more than 48 KB of dynamic shared memory first); 0 when none fits."""
     import cupy
     if smem > 32 * 1024 and k.max_dynamic_shared_size_bytes < smem:
         k.max_dynamic_shared_size_bytes = smem
     with cupy.cuda.Device(device):
-        n = ClusterLaunch(k.kernel.ptr, (2, 1, 1)).max_active_clusters(block, smem)
-    if n < 1:
-        raise RuntimeError(f"fusedkit: {expr} cannot launch clusters of 2 x {block[0]} threads with {smem} B "
-                           f"of shared memory on device {device}")
-    return n
+        return ClusterLaunch(k.kernel.ptr, (size, 1, 1)).max_active_clusters(block, smem)
 
 
 class BwdLaunch:
     """A backward plan: the row kernel's launcher, block, shared memory, rows per block, resident
     blocks (fit), the column_sum, the extra kernel arguments (ring stages), the CTAs per row slot
-    (2 for the pair kernel, whose clusters share each row) and the kernel kind (the config's first
-    field: "rows", "staged", "pair" or "looped")."""
+    (2 for the pair kernel, whose clusters share each row), the kernel kind (the config's first
+    field: "rows", "staged", "pair" or "looped") and the CTAs whose partial rows one cluster adds into
+    one (merge: the staged kernel's cluster, 1 = none)."""
 
-    __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas", "kind")
+    __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas", "kind", "merge")
 
-    def __init__(self, fn, block, smem, rpb, fit, colsum, extra, ctas, kind):
+    def __init__(self, fn, block, smem, rpb, fit, colsum, extra, ctas, kind, merge=1):
         self.fn, self.block, self.smem, self.rpb, self.fit = fn, block, smem, rpb, fit
-        self.colsum, self.extra, self.ctas, self.kind = colsum, extra, ctas, kind
+        self.colsum, self.extra, self.ctas, self.kind, self.merge = colsum, extra, ctas, kind, merge
 
     def grid(self, M: int):
-        """(blocks, P) for M rows: P row slots' partial rows (the pair's two CTAs share one)."""
+        """(blocks, P) for M rows: P partial rows, one per row slot (the pair's two CTAs share one), or
+        one per cluster of `merge` CTAs (blocks: a multiple of merge; spare CTAs add zeros)."""
         slots = _bwd_blocks(M, self.rpb, self.fit // self.ctas)
+        if self.merge > 1:
+            slots = max(self.merge, slots - slots % self.merge)
+            return slots, slots // self.merge
         return slots * self.ctas, slots * self.rpb
 
 
@@ -501,4 +529,9 @@ def all_expressions():
                         for plain_w in (False, True):
                             exprs[FILE].add(bwd_expr(bwd_config(N, ITEMSIZE[x_dt], rms, staged), x_dt, w_dt, rms,
                                                      plain_w=plain_w))
+                    # the cluster-merge variants of the staged configs (tests force them; bf16 and fp32)
+                    staged = _staged_config(N, ITEMSIZE[x_dt], rms) if x_dt != "float16" else None
+                    for cluster in CLUSTER_CHOICES if staged else ():
+                        for plain_w in (False, True):
+                            exprs[FILE].add(bwd_expr(staged[:6] + (cluster,), x_dt, w_dt, rms, plain_w=plain_w))
     return {f: sorted(e) for f, e in exprs.items()}
