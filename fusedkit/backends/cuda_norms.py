@@ -45,12 +45,17 @@ TUNED: dict = {
 # (items, warps, stages, min_blocks, cluster) per (op, N, itemsize) (min_blocks: the occupancy asked of
 # ptxas, 0 = the kernel's default; cluster: CTAs per cluster that add their dweight / dbias partial rows
 # through distributed shared memory before writing one, 1 = none); used on sm_90 for every shape it
-# applies to (rule in _staged_config). A staged forward was measured too and lost to the register kernel at every swept
-# shape (sweeps 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
+# applies to (rule in _staged_config). N = 16384 (was (4, 16, 2, 0) for both) runs the pair kernel below.
+# A staged forward was measured too and lost to the register kernel at every swept shape (sweeps
+# 1556Z-1612Z: 0.78-0.87 of copy against 0.91-0.96), so it was removed.
+# The clusters: sweep_norms_bwd_cluster_merge_2026-12-04T0325Z.json (2^27 bf16 elements, backward with
+# its column_sum, fraction of copy, cluster 1 -> the one shipped): LayerNorm 1024 0.878 -> 0.904, 4096
+# 0.868 -> 0.910, 8192 0.873 -> 0.932 (cluster 2: 0.917); RMSNorm 1024 0.909 -> 0.925, 4096 0.906 -> 0.914,
+# 8192 0.913 with cluster 1 (2: 0.909, 4: 0.898).
 TUNED_STAGED: dict = {
-    ("ln", 1024, 2): (1, 4, 4, 0, 1), ("ln", 4096, 2): (2, 8, 2, 0, 1), ("ln", 8192, 2): (2, 16, 3, 0, 1),
-    ("rms", 1024, 2): (2, 2, 2, 0, 1), ("rms", 4096, 2): (1, 16, 2, 0, 1), ("rms", 8192, 2): (2, 16, 2, 0, 1),
-}  # N = 16384 (was (4, 16, 2, 0) for both) runs the pair kernel below
+    ("ln", 1024, 2): (1, 4, 4, 0, 2), ("ln", 4096, 2): (2, 8, 2, 0, 2), ("ln", 8192, 2): (2, 16, 3, 0, 4),
+    ("rms", 1024, 2): (2, 2, 2, 0, 2), ("rms", 4096, 2): (1, 16, 2, 0, 2), ("rms", 8192, 2): (2, 16, 2, 0, 1),
+}
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
 # (items, warps, stages, min_blocks, pipe) of the half row per (op, N, itemsize); takes precedence over
 # TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
