@@ -719,42 +719,46 @@ __device__ __forceinline__ void read_stage(Vec<T, VEC> (&raw)[ITEMS], const T* s
   }
 }
 
-// The partial rows of a cluster of CLUSTER CTAs added before they leave the SM (norm_bwd_staged with
-// CLUSTER > 1): each CTA stages its RPB rows of dweight (and dbias) in its own shared memory (`red`,
-// the ring, idle once the row loop is over), a cluster barrier, then CTA rank r adds slice r of the
-// columns over every CTA's rows (rank order, then row slot: a fixed order, deterministic) from
-// distributed shared memory and writes it to partial row cluster_index(). P = clusters instead of
-// blocks x RPB: CLUSTER x RPB times fewer partial bytes written here and read by column_sum.
-template <int VEC, int ITEMS, int T_ROW, int RPB, int CLUSTER, class Acc>
-__device__ __forceinline__ void write_cluster_partials(const Acc& acc, float* red, float* __restrict__ dw_part,
-                                                       float* __restrict__ db_part, int N) {
+// The partial rows of a cluster's CTAs added before they leave the SM (norm_bwd_staged with
+// CLUSTER > 1, norm_bwd_staged_pair with MERGE > 1): GROUP CTAs hold the same `ncols` columns, ranks
+// h, h + STRIDE, ..., h + (GROUP - 1) * STRIDE (h = rank % STRIDE: the staged kernel has one group of
+// all its CTAs, STRIDE 1; the pair kernel one group per half row, STRIDE 2). Each CTA stages its RPB
+// rows of dweight (and dbias) in its own shared memory (`red`, the ring, idle once the row loop is
+// over), a cluster barrier, then the m-th CTA of a group (m = rank / STRIDE) adds slice m of the
+// columns over the group's rows (rank order, then row slot: a fixed order, deterministic) from
+// distributed shared memory and writes it to the group's output row (dw_row / db_row: at the group's
+// first column; null: not wanted). GROUP x RPB times fewer partial rows written here and read by
+// column_sum.
+template <int VEC, int ITEMS, int T_ROW, int RPB, int GROUP, int STRIDE, class Acc>
+__device__ __forceinline__ void write_cluster_partials(const Acc& acc, float* red, float* __restrict__ dw_row,
+                                                       float* __restrict__ db_row, int ncols) {
   __syncthreads();  // every thread is past its last read of the ring (and every issued copy landed)
-  acc.template stage<T_ROW>(dw_part != nullptr ? red + threadIdx.y * N : nullptr,
-                            db_part != nullptr ? red + (RPB + threadIdx.y) * N : nullptr, N);
+  acc.template stage<T_ROW>(dw_row != nullptr ? red + threadIdx.y * ncols : nullptr,
+                            db_row != nullptr ? red + (RPB + threadIdx.y) * ncols : nullptr, ncols);
   cluster_arrive();
   cluster_wait();
-  const int nq = N / 4;  // float4 columns (the staged path has 16-byte rows: N % 4 == 0)
-  const int per = (nq + CLUSTER - 1) / CLUSTER;
-  const int q0 = (int)cluster_ctarank() * per, q1 = min(nq, q0 + per);
-  const long long p = (long long)(blockIdx.x / CLUSTER) * N;  // 1-D clusters of consecutive blocks
+  const unsigned rank = cluster_ctarank(), h = rank % STRIDE;
+  const int nq = ncols / 4;  // float4 columns (the staged kernels have 16-byte rows: ncols % 4 == 0)
+  const int per = (nq + GROUP - 1) / GROUP;
+  const int q0 = (int)(rank / STRIDE) * per, q1 = min(nq, q0 + per);
   for (int q = q0 + threadIdx.y * T_ROW + threadIdx.x; q < q1; q += T_ROW * RPB) {
 #pragma unroll
     for (int o = 0; o < 2; ++o) {
-      float* out = o == 0 ? dw_part : db_part;
+      float* out = o == 0 ? dw_row : db_row;
       if (out == nullptr) continue;
       float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) {
+      for (int c = 0; c < GROUP; ++c) {
 #pragma unroll
         for (int r = 0; r < RPB; ++r) {
-          const float4 v = ld_cluster_f4(cluster_map_shared(red + (o * RPB + r) * N + 4 * q, c));
+          const float4 v = ld_cluster_f4(cluster_map_shared(red + (o * RPB + r) * ncols + 4 * q, h + c * STRIDE));
           s.x += v.x;
           s.y += v.y;
           s.z += v.z;
           s.w += v.w;
         }
       }
-      *reinterpret_cast<float4*>(out + p + 4 * q) = s;
+      *reinterpret_cast<float4*>(out + 4 * q) = s;
     }
   }
   cluster_arrive();  // no CTA exits while another reads its rows
@@ -822,9 +826,11 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
     mean = next_mean;
     rstd = next_rstd;
   }
-  if constexpr (CLUSTER > 1) {
-    write_cluster_partials<VEC, ITEMS, T_ROW, RPB, CLUSTER>(acc, reinterpret_cast<float*>(staged_smem), dw_part,
-                                                            RMS ? nullptr : db_part, N);
+  if constexpr (CLUSTER > 1) {  // 1-D clusters of consecutive blocks: one partial row per cluster
+    const long long p = (long long)(blockIdx.x / CLUSTER) * N;
+    write_cluster_partials<VEC, ITEMS, T_ROW, RPB, CLUSTER, 1>(acc, reinterpret_cast<float*>(staged_smem),
+                                                               dw_part != nullptr ? dw_part + p : nullptr,
+                                                               (RMS || db_part == nullptr) ? nullptr : db_part + p, N);
   } else {
     acc.template write<T_ROW>(dw_part, RMS ? nullptr : db_part, (long long)blockIdx.x * RPB + threadIdx.y, N);
   }
@@ -840,8 +846,10 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // sweeps 2219Z / 2228Z; a cluster barrier per row instead of the mailbox also waits for the previous
 // row's dx stores, barrier.cluster.arrive.release). PIPE: the local sums of the next
 // row are computed before waiting for the peer's sums of this row (two rows in registers). Ring,
-// weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per cluster
-// (each CTA writes its half). Needs N a multiple of 2 x VEC and 16-byte aligned pointers.
+// weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per pair (each
+// CTA writes its half), or with MERGE > 1 a cluster of MERGE pairs (2 x MERGE CTAs) that adds its pairs'
+// partial rows first (write_cluster_partials) and writes one. Needs N a multiple of 2 x VEC and
+// 16-byte aligned pointers.
 template <typename T>
 __device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_base, const T* a, const T* b,
                                                long long row, int s, long long M, int N, int half, int col0) {
@@ -854,8 +862,8 @@ __device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_ba
 }
 
 template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS,
-          bool PIPE>
-__global__ void FK_CLUSTER_DIMS(2) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
+          bool PIPE, int MERGE = 1>
+__global__ void FK_CLUSTER_DIMS(2 * MERGE) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
 norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                      const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
                      float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
@@ -866,8 +874,10 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   __shared__ ClusterMailbox<float2, 1, 4> peer_sums;  // the peer's (sum g*dy*xhat, sum g*dy) per row
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
-  const unsigned rank = cluster_ctarank();
-  const long long cid = cluster_index(), ncl = cluster_count();  // cid < M: the host launches <= M pairs
+  // MERGE pairs per cluster (ranks 2m, 2m + 1: pair m); cid: this pair's index, ncl: the pairs.
+  const unsigned crank = cluster_ctarank(), rank = MERGE == 1 ? crank : (crank & 1u);
+  const long long cid = MERGE == 1 ? (long long)cluster_index() : (long long)cluster_index() * MERGE + (crank >> 1);
+  const long long ncl = (long long)cluster_count() * MERGE;
   const int half = N / 2, col0 = (int)rank * half;
   Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * half);
@@ -904,45 +914,56 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     return mine;
   };
   const float inv_n = 1.f / (float)N;
-  const unsigned peer = rank ^ 1u;
-  long long row = cid;
-  float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
-  Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
-  float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
-  if (producer) peer_sums.send(mine, 0, peer, 0);
-  for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
-    const long long next = row + ncl;
-    const bool has_next = next < M;
-    const float next_mean = (!RMS && has_next) ? mean_in[next] : 0.f;
-    const float next_rstd = has_next ? rstd_in[next] : 0.f;
-    const float2 cur = mine;
-    if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    const float2 other = peer_sums.receive(k)[0];
-    if (producer) peer_sums.rearm(k);
-    // Float addition commutes: both CTAs get the same bits.
-    backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd,
-                                                            make_float2(cur.x + other.x, cur.y + other.y),
-                                                            dx + row * N + col0, half, inv_n, zero_centered);
-    if (!has_next) break;
-    // Sent after the block barrier of row k + 1's sums; with PIPE that barrier precedes receive(k), so
-    // the send of row k + 1 can pass a slow warp's receive(k): the 4 slots keep slot k % 4 unwritten
-    // until this CTA sends row k + 3, after row k + 2's barrier.
-    if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-    if (producer) peer_sums.send(mine, k + 1, peer, 0);
+  const unsigned peer = crank ^ 1u;
+  // cid < M for every pair when MERGE = 1 (the host launches <= M pairs); with MERGE > 1 the pairs are
+  // a multiple of MERGE, so a pair may have no row: it skips the loop and adds zeros to the merge.
+  if (MERGE == 1 || cid < M) {
+    long long row = cid;
+    float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
+    Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
+    float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
+    if (producer) peer_sums.send(mine, 0, peer, 0);
+    for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
+      const long long next = row + ncl;
+      const bool has_next = next < M;
+      const float next_mean = (!RMS && has_next) ? mean_in[next] : 0.f;
+      const float next_rstd = has_next ? rstd_in[next] : 0.f;
+      const float2 cur = mine;
+      if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
+      const float2 other = peer_sums.receive(k)[0];
+      if (producer) peer_sums.rearm(k);
+      // Float addition commutes: both CTAs get the same bits.
+      backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd,
+                                                              make_float2(cur.x + other.x, cur.y + other.y),
+                                                              dx + row * N + col0, half, inv_n, zero_centered);
+      if (!has_next) break;
+      // Sent after the block barrier of row k + 1's sums; with PIPE that barrier precedes receive(k), so
+      // the send of row k + 1 can pass a slow warp's receive(k): the 4 slots keep slot k % 4 unwritten
+      // until this CTA sends row k + 3, after row k + 2's barrier.
+      if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
+      if (producer) peer_sums.send(mine, k + 1, peer, 0);
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      xr[i] = xr1[i];
-      gr[i] = gr1[i];
+      for (int i = 0; i < ITEMS; ++i) {
+        xr[i] = xr1[i];
+        gr[i] = gr1[i];
+      }
+      row = next;
+      mean = next_mean;
+      rstd = next_rstd;
     }
-    row = next;
-    mean = next_mean;
-    rstd = next_rstd;
   }
-  cluster_arrive();  // no CTA exits while a send to it may be in flight (each is received; kept as a guard)
-  cluster_wait();
-  const long long p = cid * (long long)N + col0;
-  acc.template write<T_ROW>(dw_part != nullptr ? dw_part + p : nullptr,
-                            (RMS || db_part == nullptr) ? nullptr : db_part + p, 0, half);
+  if constexpr (MERGE > 1) {  // one partial row per cluster, each half added over the cluster's pairs
+    const long long p = (long long)cluster_index() * N + col0;
+    write_cluster_partials<VEC, ITEMS, T_ROW, 1, MERGE, 2>(acc, reinterpret_cast<float*>(staged_smem),
+                                                           dw_part != nullptr ? dw_part + p : nullptr,
+                                                           (RMS || db_part == nullptr) ? nullptr : db_part + p, half);
+  } else {
+    cluster_arrive();  // no CTA exits while a send to it may be in flight (each is received; kept as a guard)
+    cluster_wait();
+    const long long p = cid * (long long)N + col0;
+    acc.template write<T_ROW>(dw_part != nullptr ? dw_part + p : nullptr,
+                              (RMS || db_part == nullptr) ? nullptr : db_part + p, 0, half);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

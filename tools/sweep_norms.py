@@ -32,6 +32,9 @@ PAIR = os.environ.get("SWEEP_PAIR", "0") == "1"
 # cluster add their dweight / dbias partial rows before writing one; with SWEEP_TUNED_ONLY=1, the
 # shipped staged config at each size)
 CLUSTERS = tuple(int(c) for c in os.environ.get("SWEEP_CLUSTERS", "1").split(",") if c)
+# SWEEP_PAIR_MERGE="1,2": the pair candidates with 1 and 2 pairs per cluster adding their partial rows
+# (with SWEEP_TUNED_ONLY=1: the shipped pair config at each)
+PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").split(",") if c)
 
 
 def min_blocks_choices(threads):
@@ -46,7 +49,10 @@ def candidates(N, direction, rms):
             return [cn.fwd_config(N, 2, rms)]
         pairs = [cn.pair_from_half(N, 2, rms, pipe) for pipe in (False, True)] if PAIR else []
         shipped = cn.bwd_config(N, 2, rms, staged=True)
-        merged = [shipped[:6] + (c,) for c in CLUSTERS if c != shipped[6]] if shipped[0] == "staged" else []
+        if shipped[0] == "staged":
+            merged = [shipped[:6] + (c,) for c in CLUSTERS if c != shipped[6]]
+        else:
+            merged = [shipped[:7] + (m,) for m in PAIR_MERGES if shipped[0] == "pair" and m != shipped[7]]
         return [shipped] + merged + [p for p in pairs if p]
     vec = cn.vec_width(N, 2)
     nv = N // vec
@@ -73,7 +79,8 @@ def candidates(N, direction, rms):
     if PAIR and direction == "bwd" and N % (2 * vec) == 0:
         for c in candidates_plain(N // 2, rms):
             for pipe in (0, 1):
-                out.append(("pair",) + c[1:6] + (pipe,))
+                for m in PAIR_MERGES:
+                    out.append(("pair",) + c[1:6] + (pipe, m))
     return out
 
 

@@ -57,12 +57,13 @@ TUNED_STAGED: dict = {
     ("rms", 1024, 2): (2, 2, 2, 0, 2), ("rms", 4096, 2): (1, 16, 2, 0, 2), ("rms", 8192, 2): (2, 16, 2, 0, 1),
 }
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
-# (items, warps, stages, min_blocks, pipe) of the half row per (op, N, itemsize); takes precedence over
+# (items, warps, stages, min_blocks, pipe, merge) of the half row per (op, N, itemsize) (merge: pairs per
+# cluster that add their partial rows before writing one, 1 = none); takes precedence over
 # TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
 # 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
 # 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
 TUNED_PAIR: dict = {
-    ("ln", 16384, 2): (2, 16, 2, 0, 0), ("rms", 16384, 2): (2, 16, 2, 0, 0),
+    ("ln", 16384, 2): (2, 16, 2, 0, 0, 1), ("rms", 16384, 2): (2, 16, 2, 0, 0, 1),
 }
 CLUSTER_CHOICES = (2, 4)        # cluster-merge sizes of the staged backward that are registered and swept
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
@@ -139,11 +140,12 @@ def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, 
     return pick(N, itemsize, rms, max_vec)
 
 
-def pair_from_half(N, itemsize, rms, pipe: bool = False):
-    """A pair config for rows of N: the staged config of the half row (N / 2) and the PIPE flag (the
-    next row's local sums before waiting for the peer's sums of this row), or None."""
+def pair_from_half(N, itemsize, rms, pipe: bool = False, merge: int = 1):
+    """A pair config for rows of N: the staged config of the half row (N / 2), the PIPE flag (the next
+    row's local sums before waiting for the peer's sums of this row) and the pairs per cluster whose
+    partial rows are added before one is written (merge), or None."""
     half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
-    return None if half is None or half[3] < 4 else ("pair",) + half[1:6] + (int(pipe),)
+    return None if half is None or half[3] < 4 else ("pair",) + half[1:6] + (int(pipe), merge)
 
 
 def _pair_config(N, itemsize, rms):
@@ -157,7 +159,7 @@ def _pair_config(N, itemsize, rms):
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
     """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks, cluster) or
-    ("pair", vec, items, warps, stages, min_blocks, pipe) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
+    ("pair", vec, items, warps, stages, min_blocks, pipe, merge) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
     warps) or ("looped", vec)."""
     cfg = None
     if staged and max_vec >= 16 // itemsize:
@@ -215,7 +217,8 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
         if cfg[0] == "rows":
             return f"fk::norm_bwd<{head}>"
         if cfg[0] == "pair":
-            return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}>"
+            merge = f", {cfg[7]}" if cfg[7] > 1 else ""  # MERGE = 1: the template's default
+            return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}{merge}>"
         cluster = f", {cfg[6]}" if cfg[6] > 1 else ""  # CLUSTER = 1: the template's default
         return f"fk::norm_bwd_staged<{head}, {cfg[5]}{cluster}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
@@ -389,14 +392,14 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
         threads = 32 * warps * rpb
         if cfg[0] in ("staged", "pair"):
             extra = (cfg[4],)
-        if cfg[0] == "pair":
-            ctas = 2
-        elif cfg[0] == "staged":
+        if cfg[0] == "pair":  # clusters of 2 x merge CTAs, compiled in (__cluster_dims__)
+            ctas, merge = 2, cfg[7]
+        elif cfg[0] == "staged":  # clusters of merge CTAs: a launch attribute
             merge = cfg[6]
     else:
         rpb, block, threads = 1, (512, 1), 512
     smem = bwd_smem_bytes(cfg, rms, N, itemsize)
-    size = max(ctas, merge)
+    size = ctas * merge
     if size > 1:  # a cluster kernel: the driver's count of resident clusters
         clusters = _resident_clusters(k, device, block, smem, size)
         if clusters < 1:  # this GPU cannot hold one such cluster: the kernel without clusters
@@ -409,17 +412,19 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
     else:
         fit = sm_count(device) * blocks_per_sm(k, expr, device, threads, smem)
     _log_config("norm_bwd", expr, f"{ctas} x min(rows/{rpb}, {fit // ctas}), cluster {size}", block, smem)
-    fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device, cluster=merge)
+    fn = Launcher(k.kernel, "ppppppppqii" + "i" * len(extra), device, cluster=merge if cfg[0] == "staged" else 1)
     plan = _bwd_plans[key] = BwdLaunch(fn, block, smem, rpb, fit, ColumnSum(w_dt, device), extra, ctas, cfg[0],
                                        merge)
     return plan
 
 
 def _without_cluster(cfg, N, itemsize, rms):
-    """The fallback of a cluster config: the staged kernel with cluster 1 (a pair: the rule's staged
-    config of N, else the register rows)."""
+    """The fallback of a cluster config: the staged kernel with cluster 1, a pair without merge (then
+    the rule's staged config of N, else the register rows)."""
     if cfg[0] == "staged":
         return cfg[:6] + (1,)
+    if cfg[0] == "pair" and cfg[7] > 1:
+        return cfg[:7] + (1,)
     staged = _staged_config(N, itemsize, rms)
     if staged is not None:
         return staged[:6] + (1,)
@@ -440,8 +445,8 @@ class BwdLaunch:
     """A backward plan: the row kernel's launcher, block, shared memory, rows per block, resident
     blocks (fit), the column_sum, the extra kernel arguments (ring stages), the CTAs per row slot
     (2 for the pair kernel, whose clusters share each row), the kernel kind (the config's first
-    field: "rows", "staged", "pair" or "looped") and the CTAs whose partial rows one cluster adds into
-    one (merge: the staged kernel's cluster, 1 = none)."""
+    field: "rows", "staged", "pair" or "looped") and the row slots (CTAs; pairs of the pair kernel)
+    whose partial rows one cluster adds into one (merge, 1 = none)."""
 
     __slots__ = ("fn", "block", "smem", "rpb", "fit", "colsum", "extra", "ctas", "kind", "merge")
 
@@ -451,11 +456,11 @@ class BwdLaunch:
 
     def grid(self, M: int):
         """(blocks, P) for M rows: P partial rows, one per row slot (the pair's two CTAs share one), or
-        one per cluster of `merge` CTAs (blocks: a multiple of merge; spare CTAs add zeros)."""
+        one per cluster of `merge` slots (slots: a multiple of merge; spare ones add zeros)."""
         slots = _bwd_blocks(M, self.rpb, self.fit // self.ctas)
         if self.merge > 1:
             slots = max(self.merge, slots - slots % self.merge)
-            return slots, slots // self.merge
+            return slots * self.ctas, slots // self.merge
         return slots * self.ctas, slots * self.rpb
 
 
@@ -526,8 +531,8 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
-                    for pipe in (False, True):  # the pair experiment's kernels (tests force them)
-                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe) if N in (8192, 16384) else None
+                    for pipe, merge in ((False, 1), (True, 1), (False, 2)):  # pair kernels the tests force
+                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge) if N in (8192, 16384) else None
                         for plain_w in (False, True) if pair else ():
                             exprs[FILE].add(bwd_expr(pair, x_dt, w_dt, rms, plain_w=plain_w))
                     for staged in (False, True):
