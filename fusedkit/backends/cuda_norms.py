@@ -63,8 +63,10 @@ TUNED_STAGED: dict = {
 # 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
 # 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
 TUNED_PAIR: dict = {
-    ("ln", 16384, 2): (2, 16, 2, 0, 0, 1), ("rms", 16384, 2): (2, 16, 2, 0, 0, 1),
+    ("ln", 16384, 2): (2, 16, 2, 0, 0, 2), ("rms", 16384, 2): (2, 16, 2, 0, 0, 2),
 }
+# merge 2: sweep_norms_bwd_pair_merge_2026-12-04T0333Z.json (8192 x 16384 bf16, backward with its
+# column_sum): LayerNorm 0.806 -> 0.836 of copy (merge 4: 0.834), RMSNorm 0.891 -> 0.895 (4: 0.893).
 CLUSTER_CHOICES = (2, 4)        # cluster-merge sizes of the staged backward that are registered and swept
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
