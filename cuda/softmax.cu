@@ -31,6 +31,9 @@
 // mask has one byte per column (loaded as VEC-byte vectors), 0 when it broadcasts over the columns (one
 // byte per row). A thread keeps its mask as one 64-bit word (ITEMS * VEC <= 64). Masked values become
 // -inf; a fully masked row (or a row of -inf) has m = -inf, s = 0 and gives zeros, never NaN.
+// The row's mask offset and causal query (r % Sq) divide by n3, n2, n1 and Sq as multiply-highs with
+// multipliers from the host (common/fastdiv.cuh; rows >= 2^32 take 64-bit divisions). Checked in the
+// SASS, not yet measured on the GPU (docs/perf_notes.rst).
 //
 // Backward (softmax_bwd, _cluster, _looped; same row mappings): one reduction, D = sum(dy * y)
 // (log-softmax: D = sum(dy)), then dx = scale * y * (dy - D) (log-softmax: scale * (dy - exp(y) * D)).
@@ -59,6 +62,7 @@
 #include "common/reduce.cuh"
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
+#include "common/fastdiv.cuh"
 
 namespace fk {
 
@@ -84,6 +88,7 @@ struct MaskParams {
   long long n1, n2, n3;       // collapsed leading dims of x (n0 implicit), row-major
   long long s0, s1, s2, s3;   // the mask's strides over them, in bytes (0 = broadcast)
   int mcol;                   // 1: one mask byte per column; 0: one byte per row
+  FastDiv sq_div, n1_div, n2_div, n3_div;  // the divisions by sq, n1, n2, n3 (common/fastdiv.cuh)
 };
 
 // One row's mask: columns > limit are masked (causal; -1 masks the whole row), plus per-column bytes.
@@ -92,13 +97,16 @@ struct RowMask {
   long long limit;
 };
 
-// q = r / d, r = r % d: 32-bit when both fit (a 64-bit division is a subroutine of ~70 instructions,
-// and these run once per row per thread, ~4-12 instructions per element at 16 elements per thread).
-__device__ __forceinline__ long long divmod_row(long long& r, long long d) {
-  if (((unsigned long long)r | (unsigned long long)d) >> 31 == 0) {
-    const unsigned q = (unsigned)r / (unsigned)d, m = (unsigned)r - q * (unsigned)d;
+// q = r / d, r = r % d. Rows below 2^32 (every launch of fewer than 2^32 rows) divide in 32 bits by
+// multiply-high (fd: d's FastDiv), exact for any d, and every quotient that follows is below 2^32 too;
+// larger rows take the 64-bit division (a subroutine of ~70 instructions). These run once per row in
+// every thread: with `/` the three 32-bit divisions of a 4-dim mask cost ~60 instructions, ~8 an element
+// at 8 elements per thread (softmax_fwd<bf16, 8, 2, 2>).
+__device__ __forceinline__ long long divmod_row(long long& r, long long d, FastDiv fd) {
+  if ((unsigned long long)r >> 32 == 0) {
+    const unsigned n = (unsigned)r, q = fd.div(n);
     r = q;
-    return m;
+    return n - q * (unsigned)d;  // the remainder is below 2^32, so the wrap-around product is exact
   }
   const long long q = r / d, m = r - q * d;
   r = q;
@@ -110,13 +118,13 @@ __device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskPara
   RowMask rm{nullptr, (long long)N};
   if constexpr ((MASKING & 1) != 0) {
     long long r = row;
-    rm.limit = divmod_row(r, mp.sq) + N - mp.sq;
+    rm.limit = divmod_row(r, mp.sq, mp.sq_div) + N - mp.sq;
   }
   if constexpr ((MASKING & 2) != 0) {
     long long r = row, off = 0;
-    if (mp.n3 > 1) off += divmod_row(r, mp.n3) * mp.s3;
-    if (mp.n2 > 1) off += divmod_row(r, mp.n2) * mp.s2;
-    if (mp.n1 > 1) off += divmod_row(r, mp.n1) * mp.s1;
+    if (mp.n3 > 1) off += divmod_row(r, mp.n3, mp.n3_div) * mp.s3;
+    if (mp.n2 > 1) off += divmod_row(r, mp.n2, mp.n2_div) * mp.s2;
+    if (mp.n1 > 1) off += divmod_row(r, mp.n1, mp.n1_div) * mp.s1;
     off += r * mp.s0;
     if (mp.mcol) {
       rm.bytes = mp.mask + off;
@@ -381,11 +389,16 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c, box);
 }
 
+// The fast-division parameters (sq_div ... n3_div: fast_div() of sq, n1, n2, n3 in cuda_softmax.py) come
+// last, so the parameters before them keep their offsets.
 #define FK_SOFTMAX_FWD_PARAMS                                                                              \
   const T *__restrict__ x, const unsigned char *__restrict__ mask, O *__restrict__ y, long long M, int N,  \
       float scale, long long sq, long long n1, long long n2, long long n3, long long s0, long long s1,     \
-      long long s2, long long s3, int mcol
-#define FK_SOFTMAX_MASK_PARAMS MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol}
+      long long s2, long long s3, int mcol, unsigned long long sq_div, unsigned long long n1_div,          \
+      unsigned long long n2_div, unsigned long long n3_div
+#define FK_SOFTMAX_MASK_PARAMS                                                                             \
+  MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol,                                                   \
+             FastDiv(sq_div), FastDiv(n1_div), FastDiv(n2_div), FastDiv(n3_div)}
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
 __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
