@@ -31,6 +31,11 @@
 // mask has one byte per column (loaded as VEC-byte vectors), 0 when it broadcasts over the columns (one
 // byte per row). A thread keeps its mask as one 64-bit word (ITEMS * VEC <= 64). Masked values become
 // -inf; a fully masked row (or a row of -inf) has m = -inf, s = 0 and gives zeros, never NaN.
+// The row's mask offset and causal query (r % Sq) divide by n3, n2, n1 and Sq as multiply-highs with
+// multipliers from the host (common/fastdiv.cuh; rows >= 2^32 take 64-bit divisions), and a thread
+// issues its x and mask loads (chunks of 2 vectors beyond 4) before it turns any mask byte into bits
+// (load_x_row); a per-row mask byte is tested only after that. Both changes are checked in the SASS,
+// not yet measured on the GPU (docs/perf_notes.rst).
 //
 // Backward (softmax_bwd, _cluster, _looped; same row mappings): one reduction, D = sum(dy * y)
 // (log-softmax: D = sum(dy)), then dx = scale * y * (dy - D) (log-softmax: scale * (dy - exp(y) * D)).
@@ -59,6 +64,7 @@
 #include "common/reduce.cuh"
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
+#include "common/fastdiv.cuh"
 
 namespace fk {
 
@@ -84,21 +90,27 @@ struct MaskParams {
   long long n1, n2, n3;       // collapsed leading dims of x (n0 implicit), row-major
   long long s0, s1, s2, s3;   // the mask's strides over them, in bytes (0 = broadcast)
   int mcol;                   // 1: one mask byte per column; 0: one byte per row
+  FastDiv sq_div, n1_div, n2_div, n3_div;  // the divisions by sq, n1, n2, n3 (common/fastdiv.cuh)
 };
 
-// One row's mask: columns > limit are masked (causal; -1 masks the whole row), plus per-column bytes.
+// One row's mask: columns > limit are masked (causal; N without a causal mask), plus per-column bytes
+// or a whole-row byte.
 struct RowMask {
-  const unsigned char* bytes;
+  const unsigned char* bytes;  // per-column bytes of the row (null: none)
   long long limit;
+  unsigned hide;               // the per-row byte (nonzero: every column masked), tested only with the bits
 };
 
-// q = r / d, r = r % d: 32-bit when both fit (a 64-bit division is a subroutine of ~70 instructions,
-// and these run once per row per thread, ~4-12 instructions per element at 16 elements per thread).
-__device__ __forceinline__ long long divmod_row(long long& r, long long d) {
-  if (((unsigned long long)r | (unsigned long long)d) >> 31 == 0) {
-    const unsigned q = (unsigned)r / (unsigned)d, m = (unsigned)r - q * (unsigned)d;
+// q = r / d, r = r % d. Rows below 2^32 (every launch of fewer than 2^32 rows) divide in 32 bits by
+// multiply-high (fd: d's FastDiv), exact for any d, and every quotient that follows is below 2^32 too;
+// larger rows take the 64-bit division (a subroutine of ~70 instructions). These run once per row in
+// every thread: with `/` the three 32-bit divisions of a 4-dim mask cost ~60 instructions, ~8 an element
+// at 8 elements per thread (softmax_fwd<bf16, 8, 2, 2>).
+__device__ __forceinline__ long long divmod_row(long long& r, long long d, FastDiv fd) {
+  if ((unsigned long long)r >> 32 == 0) {
+    const unsigned n = (unsigned)r, q = fd.div(n);
     r = q;
-    return m;
+    return n - q * (unsigned)d;  // the remainder is below 2^32, so the wrap-around product is exact
   }
   const long long q = r / d, m = r - q * d;
   r = q;
@@ -107,79 +119,154 @@ __device__ __forceinline__ long long divmod_row(long long& r, long long d) {
 
 template <int MASKING>
 __device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskParams& mp) {
-  RowMask rm{nullptr, (long long)N};
+  RowMask rm{nullptr, (long long)N, 0u};
   if constexpr ((MASKING & 1) != 0) {
     long long r = row;
-    rm.limit = divmod_row(r, mp.sq) + N - mp.sq;
+    rm.limit = divmod_row(r, mp.sq, mp.sq_div) + N - mp.sq;
   }
   if constexpr ((MASKING & 2) != 0) {
     long long r = row, off = 0;
-    if (mp.n3 > 1) off += divmod_row(r, mp.n3) * mp.s3;
-    if (mp.n2 > 1) off += divmod_row(r, mp.n2) * mp.s2;
-    if (mp.n1 > 1) off += divmod_row(r, mp.n1) * mp.s1;
+    if (mp.n3 > 1) off += divmod_row(r, mp.n3, mp.n3_div) * mp.s3;
+    if (mp.n2 > 1) off += divmod_row(r, mp.n2, mp.n2_div) * mp.s2;
+    if (mp.n1 > 1) off += divmod_row(r, mp.n1, mp.n1_div) * mp.s1;
     off += r * mp.s0;
     if (mp.mcol) {
       rm.bytes = mp.mask + off;
-    } else if (mp.mask[off]) {
-      rm.limit = -1;
+    } else {
+      rm.hide = mp.mask[off];  // tested after the row's loads are issued (load_x_row)
     }
   }
   return rm;
 }
 
-// Mask bits of the vector starting at column c0 (bit j: column c0 + j is masked).
-// Built per vector, not per element: the columns past `limit` are a suffix of the vector (k visible
-// columns), and the mask bytes are compared four at a time (__vcmpne4) and gathered into four bits
-// with one multiply (byte i in {0, 1} lands on bit 24 + i; no carries: every partial sum is < 16).
-// The kernels are issue-bound, and the per-element 64-bit compares and byte tests this replaces cost
-// the causal forward 1064 instructions against the unmasked 712 (softmax_fwd<bf16, 8, 2, 8>).
+// Visible columns of the vector starting at column c0: the columns past `limit` are a suffix of it.
+template <int VEC>
+__device__ __forceinline__ int visible_cols(long long limit, long long c0) {
+  const long long vis = limit - c0 + 1;  // columns c0 .. limit are visible
+  return vis <= 0 ? 0 : (vis >= VEC ? VEC : (int)vis);
+}
+
+// Mask bits of a vector (bit j: column c0 + j is masked) are built per vector, not per element: the k
+// visible columns give a suffix of set bits, and the mask bytes are compared four at a time (__vcmpne4)
+// and gathered into four bits with one multiply (byte i in {0, 1} lands on bit 24 + i; no carries: every
+// partial sum is < 16). The kernels are issue-bound, and the per-element 64-bit compares and byte tests
+// this replaces cost the causal forward 1064 instructions against the unmasked 712
+// (softmax_fwd<bf16, 8, 2, 8>).
 __device__ __forceinline__ unsigned mask_nibble(unsigned w) {
   return ((__vcmpne4(w, 0u) & 0x01010101u) * 0x01020408u) >> 24;
 }
 
-template <int VEC, int MASKING>
-__device__ __forceinline__ unsigned vec_mask_bits(const RowMask& rm, long long c0) {
-  const long long vis = rm.limit - c0 + 1;  // columns c0 .. limit are visible
-  const int k = vis <= 0 ? 0 : (vis >= VEC ? VEC : (int)vis);
-  unsigned b = ((1u << VEC) - 1u) ^ ((1u << k) - 1u);
-  if constexpr ((MASKING & 2) != 0) {
-    if (rm.bytes != nullptr && k > 0) {
-      if constexpr (VEC % 4 == 0) {
-        const Vec<unsigned, VEC / 4> mw = load_vec<unsigned, VEC / 4>(reinterpret_cast<const unsigned*>(rm.bytes + c0));
-#pragma unroll
-        for (int q = 0; q < VEC / 4; ++q) b |= mask_nibble(mw.v[q]) << (4 * q);
-      } else {
-        const Vec<unsigned char, VEC> mv = load_vec<unsigned char, VEC>(rm.bytes + c0);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          if (mv.v[j]) b |= 1u << j;
-      }
-    }
+// The mask bytes of one vector as loaded: VEC / 4 words where VEC is a multiple of 4, else VEC bytes.
+// Loaded (or zeroed) in one step and turned into bits in another, so that a row's mask loads are all in
+// flight before the first is used (load_x_row).
+template <int VEC, bool WORDS = VEC % 4 == 0>
+struct MaskVec {
+  Vec<unsigned, VEC / 4> w;
+  __device__ __forceinline__ void load(const unsigned char* p) {
+    w = load_vec<unsigned, VEC / 4>(reinterpret_cast<const unsigned*>(p));
   }
-  return b;
-}
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) w.v[q] = 0u;
+  }
+  __device__ __forceinline__ unsigned bits() const {
+    unsigned b = 0;
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) b |= mask_nibble(w.v[q]) << (4 * q);
+    return b;
+  }
+};
+
+template <int VEC>
+struct MaskVec<VEC, false> {
+  Vec<unsigned char, VEC> c;
+  __device__ __forceinline__ void load(const unsigned char* p) { c = load_vec<unsigned char, VEC>(p); }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) c.v[j] = 0;
+  }
+  __device__ __forceinline__ unsigned bits() const {
+    unsigned b = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c.v[j]) b |= 1u << j;
+    return b;
+  }
+};
 
 // Loads this thread's vectors v0 + threadIdx.x + i * T_ROW (< vend) of one row; returns the mask bits
 // (bit i * VEC + j). Vectors that are entirely masked by the causal limit are not loaded.
+// Masked rows go in chunks of CHUNK vectors: first every x load and mask load of the chunk, then the
+// chunk's mask bits, so the loads are in flight together as the plain kernel's x loads are. Written as
+// one step per vector (each mask load in its own branch, used by the next instruction), a thread waited
+// for one L2 round trip per vector in turn (SASS of softmax_fwd<bf16, 8, 2, 2, false, 2>); now its four
+// loads are issued before the first use. Up to 4 vectors make one chunk; more go 2 at a time (2
+// registers per 8-byte mask vector): all 8 at once spilled (up to 50 bytes of spill stores) under the
+// 64-register cap, as did issuing all x loads first and the mask loads in chunks after them;
+// chunks of 4 did not spill but ptxas then issued the mask loads ahead of the x loads. With chunks of 2,
+// ptxas overlaps neighbouring chunks: softmax_fwd<bf16, 8, 8, 2, false, 2> waits on mask data twice per
+// row (6 loads, then 2) instead of eight times, its cluster form (8, 8, 16, 2) four times. A per-row
+// mask byte (rm.hide) is applied last, to whole vectors: tested inside the chunks, ptxas put the test
+// (a wait for the byte) between the x loads. The unmasked kernels keep the one loop: the chunked form
+// with a single chunk gave them the same SASS on sm_90a but not on sm_100a.
 template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING>
 __device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ xrow,
                                                          const RowMask& rm, int v0, int vend) {
   static_assert(MASKING == 0 || ITEMS * VEC <= 64, "mask bits of a thread must fit 64 bits");
-  unsigned long long bits = 0;
+  if constexpr (MASKING == 0) {
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = v0 + threadIdx.x + i * T_ROW;
-    const long long c0 = (long long)v * VEC;
-    if (v < vend && (MASKING == 0 || c0 <= rm.limit)) {
-      raw[i] = load_vec<T, VEC>(xrow + c0);
-    } else {
-      vec_zero(raw[i]);  // whole words: zeroing element by element cost two PRMTs per element
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = v0 + threadIdx.x + i * T_ROW;
+      if (v < vend) {
+        raw[i] = load_vec<T, VEC>(xrow + (long long)v * VEC);
+      } else {
+        vec_zero(raw[i]);  // whole words: zeroing element by element cost two PRMTs per element
+      }
     }
-    if constexpr (MASKING != 0) {
-      if (v < vend) bits |= (unsigned long long)vec_mask_bits<VEC, MASKING>(rm, c0) << (i * VEC);
+    return 0ull;
+  } else {
+    constexpr int CHUNK = ITEMS <= 4 ? ITEMS : 2;
+    unsigned long long bits = 0;
+#pragma unroll
+    for (int i0 = 0; i0 < ITEMS; i0 += CHUNK) {
+      MaskVec<VEC> mv[CHUNK];
+      int vis[CHUNK];
+#pragma unroll
+      for (int i = i0; i < i0 + CHUNK && i < ITEMS; ++i) {  // the loads
+        const int v = v0 + threadIdx.x + i * T_ROW;
+        const long long c0 = (long long)v * VEC;
+        const int k = visible_cols<VEC>(rm.limit, c0);
+        if (v < vend && k > 0) {
+          raw[i] = load_vec<T, VEC>(xrow + c0);
+        } else {
+          vec_zero(raw[i]);
+        }
+        if constexpr ((MASKING & 2) != 0) {
+          if (v < vend && k > 0 && rm.bytes != nullptr) {
+            mv[i - i0].load(rm.bytes + c0);
+          } else {
+            mv[i - i0].zero();
+          }
+        }
+        vis[i - i0] = k;
+      }
+#pragma unroll
+      for (int i = i0; i < i0 + CHUNK && i < ITEMS; ++i) {  // the mask bits
+        const int v = v0 + threadIdx.x + i * T_ROW;
+        unsigned b = ((1u << VEC) - 1u) ^ ((1u << vis[i - i0]) - 1u);
+        if constexpr ((MASKING & 2) != 0) b |= mv[i - i0].bits();
+        if (v < vend) bits |= (unsigned long long)b << (i * VEC);
+      }
     }
+    if constexpr ((MASKING & 2) != 0) {
+      if (rm.hide != 0) {
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i)
+          if (v0 + (int)threadIdx.x + i * T_ROW < vend) bits |= (unsigned long long)((1u << VEC) - 1u) << (i * VEC);
+      }
+    }
+    return bits;
   }
-  return bits;
 }
 
 // fp32 value of element j of a stored vector, converted from the packed 32-bit words at every use.
@@ -362,7 +449,7 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
                                                 int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
-  RowMask rm{nullptr, (long long)N};
+  RowMask rm{nullptr, (long long)N, 0u};
   if (row_ok) {
     rm = row_mask<MASKING>(row, N, mp);
   } else {
@@ -381,11 +468,16 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c, box);
 }
 
+// The fast-division parameters (sq_div ... n3_div: fast_div() of sq, n1, n2, n3 in cuda_softmax.py) come
+// last, so the parameters before them keep their offsets.
 #define FK_SOFTMAX_FWD_PARAMS                                                                              \
   const T *__restrict__ x, const unsigned char *__restrict__ mask, O *__restrict__ y, long long M, int N,  \
       float scale, long long sq, long long n1, long long n2, long long n3, long long s0, long long s1,     \
-      long long s2, long long s3, int mcol
-#define FK_SOFTMAX_MASK_PARAMS MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol}
+      long long s2, long long s3, int mcol, unsigned long long sq_div, unsigned long long n1_div,          \
+      unsigned long long n2_div, unsigned long long n3_div
+#define FK_SOFTMAX_MASK_PARAMS                                                                             \
+  MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol,                                                   \
+             FastDiv(sq_div), FastDiv(n1_div), FastDiv(n2_div), FastDiv(n3_div)}
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
 __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,

@@ -49,3 +49,18 @@ def test_fp8_gemm_compiles_without_spills(monkeypatch):
     monkeypatch.setattr(compile_check, "all_expressions", cuda_gemm.all_expressions)
     problems = compile_check.run(verbose=False)
     assert not problems, "\n".join(problems)
+
+
+def test_softmax_compiles_without_spills(monkeypatch):
+    """The softmax family alone (``pytest tests/test_compile_all.py -k softmax``): every instantiation of
+    cuda/softmax.cu for each target, no spills on sm_90a."""
+    try:
+        _nvrtc.lib()
+    except _nvrtc.NVRTCError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e).splitlines()[0])
+    from fusedkit.backends import cuda_softmax
+    monkeypatch.setattr(compile_check, "all_expressions", cuda_softmax.all_expressions)
+    problems = compile_check.run(verbose=False)
+    assert not problems, "\n".join(problems)

@@ -387,6 +387,64 @@ def test_mask_layout_too_many_alternations():
         cs.mask_layout((2, 2, 2, 2, 2, 2, 2, 8), (2, 1, 2, 1, 2, 1, 2, 8))
 
 
+def device_fast_div(n, packed):
+    """FastDiv::div of cuda/common/fastdiv.cuh on uint64 NumPy arrays, step by step: umulhi, a 33-bit
+    sum, and the low word of a funnel shift right by min(l, 32)."""
+    n = np.asarray(n, np.uint64)
+    m, l = np.uint64(packed & 0xFFFFFFFF), np.uint64(packed >> 32)
+    hi = (n * m) >> np.uint64(32)          # n, m < 2**32: the product fits 64 bits
+    t = hi + n                             # < 2**33
+    return (t >> np.minimum(l, np.uint64(32))) & np.uint64(0xFFFFFFFF)
+
+
+def test_fast_div_is_exact():
+    """The host multipliers (cs.fast_div) reproduce n // d exactly through the device formula, for random
+    and edge-case divisors and dividends below 2**31 (and the rest of the 32-bit range, which the kernels
+    also rely on), and the parameter fits the launcher's signed 64-bit code."""
+    rng = rng_for("fast_div")
+    top = 2**31 - 1
+    ds = [1, 2, 3, 5, 6, 7, 10, 12, 16, 24, 25, 100, 641, 1000, 1023, 1024, 1025, 4096, 6700417, 2**16 - 1,
+          2**16 + 1, 2**30 - 1, 2**30 + 1, top - 1, top, 2**31, 2**31 + 1, 2**32 - 1]
+    ds += [2**k for k in range(32)] + [2**k + 1 for k in range(1, 32)] + [2**k - 1 for k in range(2, 33)]
+    ds += rng.integers(1, 2**31, 400).tolist() + rng.integers(1, 1 << 16, 200).tolist()
+    ds += rng.integers(2**31, 2**32, 50).tolist()
+    for d in sorted(set(int(v) for v in ds)):
+        p = cs.fast_div(d)
+        assert 0 <= p < 2**63 and (p & 0xFFFFFFFF) > 0 and (p >> 32) <= 32, (d, p)
+        lim = top + 1 if d <= top else 2**32
+        ns = [0, 1, 2, d - 1, d, d + 1, 2 * d - 1, 2 * d, 3 * d - 1, top, top - 1, 2**31, 2**32 - 1]
+        ns += [(top // d) * d + e for e in (-1, 0, 1)] + [((2**32 - 1) // d) * d + e for e in (-1, 0, 1)]
+        ns += rng.integers(0, lim, 200).tolist() + rng.integers(0, min(lim, 64 * d), 50).tolist()
+        n = np.array(sorted(set(v for v in ns if 0 <= v < 2**32)), np.uint64)
+        got = device_fast_div(n, p)
+        want = n // np.uint64(d)
+        bad = np.nonzero(got != want)[0]
+        assert bad.size == 0, f"d={d}: n={n[bad[:5]]} gives {got[bad[:5]]}, want {want[bad[:5]]}"
+    # d >= 2**32 (possible only for launches of >= 2**32 rows): quotient 0 for every 32-bit n
+    for d in (2**32, 2**32 + 1, 3 * 2**40):
+        assert np.all(device_fast_div(np.array([0, 1, 2**31, 2**32 - 1], np.uint64), cs.fast_div(d)) == 0)
+    with pytest.raises(ValueError):
+        cs.fast_div(0)
+
+
+@pytest.mark.parametrize("x_shape, m_shape", [((2, 3, 5, 8), (2, 1, 5, 8)), ((4, 2, 3, 5, 8), (4, 1, 3, 1, 8)),
+                                              ((3, 2, 3, 2, 3, 8), (3, 1, 3, 1, 1, 8)), ((6, 7, 8), (7, 1))])
+def test_mask_offset_through_fast_div(x_shape, m_shape):
+    """row_mask's offsets (cuda/softmax.cu) computed as the kernels do, by FastDiv and the wrap-around
+    32-bit remainder n - q * d, equal mask_offset's."""
+    layout = cs.mask_layout(x_shape, m_shape)
+    n1, n2, n3, s0, s1, s2, s3, _ = layout
+    rows = int(np.prod(x_shape[:-1]))
+    for row in range(rows):
+        off, r = 0, row
+        for n, s in ((n3, s3), (n2, s2), (n1, s1)):
+            if n > 1:
+                q = int(device_fast_div(r, cs.fast_div(n)))
+                off += ((r - q * n) & 0xFFFFFFFF) * s
+                r = q
+        assert off + r * s0 == cs.mask_offset(row, layout), row
+
+
 def test_configs():
     """Every config covers its row, with the 64-element (mask-bit) cap per thread."""
     for itemsize in (2, 4):

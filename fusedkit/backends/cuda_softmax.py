@@ -175,6 +175,29 @@ def mask_offset(row, layout) -> int:
 NO_MASK = (1, 1, 1, 1, 0, 0, 0, 0, 0)  # (sq, n1, n2, n3, s0, s1, s2, s3, mcol)
 
 
+def fast_div(d: int) -> int:
+    """The kernels' parameter for dividing by ``d`` (FastDiv in cuda/common/fastdiv.cuh): ``m | l << 32``
+    with ``l = ceil(log2 d)`` and ``m = floor(2**32 * (2**l - d) / d) + 1``, so that
+    ``n // d == (((n * m) >> 32) + n) >> l`` for every ``0 <= n < 2**32`` (Granlund and Montgomery's
+    round-up multiplier; the sum has 33 bits). ``d >= 2**32`` gives ``m = 0, l = 32`` (quotient 0, exact
+    for such n). Fits the signed 64-bit parameter code ``q``."""
+    d = int(d)
+    if d < 1:
+        raise ValueError(f"fusedkit: fast_div needs a divisor >= 1, got {d}")
+    if d >= 2**32:
+        return 32 << 32
+    l = (d - 1).bit_length()
+    m = (2**32 * (2**l - d)) // d + 1
+    assert 0 < m < 2**32 and l <= 32
+    return m | l << 32
+
+
+@lru_cache(maxsize=256)
+def _fwd_mask_args(mask_args: tuple) -> tuple:
+    """``mask_args`` as the forward kernels take them: followed by fast_div of sq, n1, n2, n3."""
+    return tuple(mask_args) + tuple(fast_div(d) for d in mask_args[:4])
+
+
 # ----------------------------------------------------------------------------------------------------
 # launches
 
@@ -194,7 +217,7 @@ def _log_config(op, expr, grid, block):
         _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
 
 
-FWD_CODES = "pppqifqqqqqqqqi"
+FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
 
 _fwd_plans: dict = {}
@@ -204,7 +227,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     """y = softmax(x * scale) (log-softmax with ``log``) over rows of N; pointers in (mask 0 = none).
 
     ``masking``: MASK_* above; ``mask_args`` = (sq, n1, n2, n3, s0, s1, s2, s3, mcol) (NO_MASK without a
-    mask; sq = the causal score matrix's rows)."""
+    mask; sq = the causal score matrix's rows); the kernels also get the fast_div of sq, n1, n2, n3."""
     s, os_ = ITEMSIZE[x_dt], ITEMSIZE[o_dt]
     mcol = mask_args[-1]
     max_vec = align_elems(((x, s), (y, os_), (mask if mcol else 0, 1)))
@@ -218,7 +241,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
         plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device), block, rpb, per_row)
     fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
-        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *mask_args)
+        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
 
 
 _bwd_plans: dict = {}
