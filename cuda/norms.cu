@@ -849,36 +849,41 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // weights and accumulators as norm_bwd_staged over the CTA's columns; one partial row per pair (each
 // CTA writes its half), or with MERGE > 1 a cluster of MERGE pairs (2 x MERGE CTAs) that adds its pairs'
 // partial rows first (write_cluster_partials) and writes one. Needs N a multiple of 2 x VEC and
-// 16-byte aligned pointers.
+// 16-byte aligned pointers. SPLIT = 4: each row over four CTAs (quarters; the cluster is 4 x MERGE
+// CTAs), every CTA sending its sums to all four (itself included), each adding the four in rank order
+// (the same bits in every CTA).
 template <typename T>
-__device__ __forceinline__ void issue_half_row(const StageRing& ring, T* ring_base, const T* a, const T* b,
-                                               long long row, int s, long long M, int N, int half, int col0) {
+__device__ __forceinline__ void issue_row_part(const StageRing& ring, T* ring_base, const T* a, const T* b,
+                                               long long row, int s, long long M, int N, int part, int col0) {
   if (row >= M) return;
-  const unsigned bytes = (unsigned)(half * sizeof(T));
-  T* dst = ring_base + (long long)s * 2 * half;
+  const unsigned bytes = (unsigned)(part * sizeof(T));
+  T* dst = ring_base + (long long)s * 2 * part;
   ring.expect(s, 2 * bytes);
   bulk_load(dst, a + row * N + col0, bytes, ring.bar(s));
-  bulk_load(dst + half, b + row * N + col0, bytes, ring.bar(s));
+  bulk_load(dst + part, b + row * N + col0, bytes, ring.bar(s));
 }
 
 template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, int MIN_BLOCKS,
-          bool PIPE, int MERGE = 1>
-__global__ void FK_CLUSTER_DIMS(2 * MERGE) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
+          bool PIPE, int MERGE = 1, int SPLIT = 2>
+__global__ void FK_CLUSTER_DIMS(SPLIT * MERGE) __launch_bounds__(32 * WARPS, (BwdMinBlocks<32 * WARPS, MIN_BLOCKS>::value))
 norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                      const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
                      float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
                      int zero_centered, int stages) {
-  static_assert(WARPS >= 4, "one row (half) per block");
+  static_assert(WARPS >= 4, "one row part per block");
+  static_assert(SPLIT == 2 || SPLIT == 4, "rows in halves or quarters");
   constexpr int T_ROW = 32 * WARPS;
   __shared__ unsigned long long bars[kMaxStages];
-  __shared__ ClusterMailbox<float2, 1, 4> peer_sums;  // the peer's (sum g*dy*xhat, sum g*dy) per row
+  // (sum g*dy*xhat, sum g*dy) per row: the peer's (SPLIT = 2), or every CTA's of the row by rank
+  __shared__ ClusterMailbox<float2, SPLIT == 2 ? 1 : SPLIT, 4> peer_sums;
   extern __shared__ __align__(128) unsigned char staged_smem[];
   T* ring_base = reinterpret_cast<T*>(staged_smem);
-  // MERGE pairs per cluster (ranks 2m, 2m + 1: pair m); cid: this pair's index, ncl: the pairs.
-  const unsigned crank = cluster_ctarank(), rank = MERGE == 1 ? crank : (crank & 1u);
-  const long long cid = MERGE == 1 ? (long long)cluster_index() : (long long)cluster_index() * MERGE + (crank >> 1);
+  // MERGE groups of SPLIT CTAs per cluster (ranks SPLIT m ... SPLIT m + SPLIT - 1: group m, each sharing
+  // its rows); cid: this group's index, ncl: the groups ("pairs" below for SPLIT = 2).
+  const unsigned crank = cluster_ctarank(), rank = MERGE == 1 ? crank : crank % SPLIT;
+  const long long cid = MERGE == 1 ? (long long)cluster_index() : (long long)cluster_index() * MERGE + crank / SPLIT;
   const long long ncl = (long long)cluster_count() * MERGE;
-  const int half = N / 2, col0 = (int)rank * half;
+  const int half = N / SPLIT, col0 = (int)rank * half;  // `half`: this CTA's part of the row
   Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * half);
   const StageRing ring(bars, stages);
@@ -892,10 +897,10 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     peer_sums.init();
   }
   __syncthreads();
-  cluster_arrive();  // both CTAs' mailboxes are initialized before either sends
+  cluster_arrive();  // every CTA's mailbox is initialized before any sends
   cluster_wait();
   if (producer)
-    for (int k = 0; k < stages; ++k) issue_half_row<T>(ring, ring_base, x, dy, cid + k * ncl, k, M, N, half, col0);
+    for (int k = 0; k < stages; ++k) issue_row_part<T>(ring, ring_base, x, dy, cid + k * ncl, k, M, N, half, col0);
   int s = 0;
   unsigned phase = 0;
   // Row r (the k-th of this pair) from its stage into registers, this CTA's sums of it (one block
@@ -909,12 +914,39 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     const float2 part = backward_sums<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS>(xr, gr, gw, wh, mean_r, rstd_r, acc,
                                                                            half, zero_centered);
     const float2 mine = row_sum2_alternating<WARPS, true>(part.x, part.y, k & 1);
-    if (producer) issue_half_row<T>(ring, ring_base, x, dy, r + (long long)stages * ncl, s, M, N, half, col0);
+    if (producer) issue_row_part<T>(ring, ring_base, x, dy, r + (long long)stages * ncl, s, M, N, half, col0);
     ring.next(s, phase);
     return mine;
   };
   const float inv_n = 1.f / (float)N;
-  const unsigned peer = crank ^ 1u;
+  const unsigned peer = crank ^ 1u, group0 = crank - rank;
+  auto send_sums = [&](float2 v, int k) {  // thread 0
+    if constexpr (SPLIT == 2) {
+      peer_sums.send(v, k, peer, 0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < SPLIT; ++j) peer_sums.send(v, k, group0 + j, rank);
+    }
+  };
+  // The row's sums from this CTA's (cur) and the mailbox's: one order in every CTA (float addition
+  // commutes, so the pair's two CTAs get the same bits; quarters add the four in rank order).
+  auto row_sums = [&](float2 cur, int k) -> float2 {
+    const float2* got = peer_sums.receive(k);
+    if constexpr (SPLIT == 2) {
+      const float2 other = got[0];
+      if (producer) peer_sums.rearm(k);
+      return make_float2(cur.x + other.x, cur.y + other.y);
+    } else {
+      float2 t = got[0];
+#pragma unroll
+      for (int j = 1; j < SPLIT; ++j) {
+        t.x += got[j].x;
+        t.y += got[j].y;
+      }
+      if (producer) peer_sums.rearm(k);
+      return t;
+    }
+  };
   // cid < M for every pair when MERGE = 1 (the host launches <= M pairs); with MERGE > 1 the pairs are
   // a multiple of MERGE, so a pair may have no row: it skips the loop and adds zeros to the merge.
   if (MERGE == 1 || cid < M) {
@@ -922,26 +954,22 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
     float mean = RMS ? 0.f : mean_in[row], rstd = rstd_in[row];
     Vec<T, VEC> xr[ITEMS], gr[ITEMS], xr1[ITEMS], gr1[ITEMS];
     float2 mine = local_sums(xr, gr, row, mean, rstd, 0);
-    if (producer) peer_sums.send(mine, 0, peer, 0);
-    for (int k = 0;; ++k) {  // both CTAs of the pair walk the same rows
+    if (producer) send_sums(mine, 0);
+    for (int k = 0;; ++k) {  // every CTA of the group walks the same rows
       const long long next = row + ncl;
       const bool has_next = next < M;
       const float next_mean = (!RMS && has_next) ? mean_in[next] : 0.f;
       const float next_rstd = has_next ? rstd_in[next] : 0.f;
       const float2 cur = mine;
       if (PIPE && has_next) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-      const float2 other = peer_sums.receive(k)[0];
-      if (producer) peer_sums.rearm(k);
-      // Float addition commutes: both CTAs get the same bits.
-      backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd,
-                                                              make_float2(cur.x + other.x, cur.y + other.y),
+      backward_dx_cols<PLAIN_W, T, W, VEC, ITEMS, WARPS, RMS, true>(xr, gr, gw, wh, mean, rstd, row_sums(cur, k),
                                                               dx + row * N + col0, half, inv_n, zero_centered);
       if (!has_next) break;
       // Sent after the block barrier of row k + 1's sums; with PIPE that barrier precedes receive(k), so
       // the send of row k + 1 can pass a slow warp's receive(k): the 4 slots keep slot k % 4 unwritten
       // until this CTA sends row k + 3, after row k + 2's barrier.
       if (!PIPE) mine = local_sums(xr1, gr1, next, next_mean, next_rstd, k + 1);
-      if (producer) peer_sums.send(mine, k + 1, peer, 0);
+      if (producer) send_sums(mine, k + 1);
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         xr[i] = xr1[i];
@@ -952,11 +980,12 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
       rstd = next_rstd;
     }
   }
-  if constexpr (MERGE > 1) {  // one partial row per cluster, each half added over the cluster's pairs
+  if constexpr (MERGE > 1) {  // one partial row per cluster, each part added over the cluster's groups
     const long long p = (long long)cluster_index() * N + col0;
-    write_cluster_partials<VEC, ITEMS, T_ROW, 1, MERGE, 2>(acc, reinterpret_cast<float*>(staged_smem),
-                                                           dw_part != nullptr ? dw_part + p : nullptr,
-                                                           (RMS || db_part == nullptr) ? nullptr : db_part + p, half);
+    write_cluster_partials<VEC, ITEMS, T_ROW, 1, MERGE, SPLIT>(acc, reinterpret_cast<float*>(staged_smem),
+                                                               dw_part != nullptr ? dw_part + p : nullptr,
+                                                               (RMS || db_part == nullptr) ? nullptr : db_part + p,
+                                                               half);
   } else {
     cluster_arrive();  // no CTA exits while a send to it may be in flight (each is received; kept as a guard)
     cluster_wait();

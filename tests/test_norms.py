@@ -372,18 +372,20 @@ def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [(False, 1), (True, 1), (False, 2)], ids=["wait", "pipe", "merge2"])
+@pytest.mark.parametrize("variant", [(False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)],
+                         ids=["wait", "pipe", "merge2", "quarters"])
 @pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
 @pytest.mark.parametrize("shape", [(7, 16384), (300, 8192), (1, 16384), (2, 67, 16384)], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_pair_backward(variant, weights, shape, rms, monkeypatch):
     """The two-CTA backward (norm_bwd_staged_pair: each row split over a cluster of two CTAs, the row
-    sums exchanged through distributed shared memory; with and without PIPE, and with two pairs per
-    cluster adding their partial rows: MERGE 2), forced through TUNED_PAIR: dx, dweight and dbias
+    sums exchanged through distributed shared memory; with and without PIPE, with two pairs per cluster
+    adding their partial rows: MERGE 2, and rows in quarters over four CTAs: SPLIT 4), forced through
+    TUNED_PAIR: dx, dweight and dbias
     against the float64 reference for every weight form, first call and cached repeat, with row counts
     below, at and above the resident clusters (1 row: no next row for PIPE, and with MERGE 2 a pair
     without rows)."""
-    pipe, merge = variant
+    pipe, merge, split = variant
     torch = pytest.importorskip("torch")
     from fusedkit import _callcache
     from fusedkit.backends import cuda_norms as cn
@@ -391,7 +393,7 @@ def test_pair_backward(variant, weights, shape, rms, monkeypatch):
         pytest.skip("thread-block clusters and bulk copies: sm_90+")
     N = shape[-1]
     monkeypatch.setattr(cn, "TUNED_PAIR",
-                        {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge)[2:]})
+                        {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge, split)[2:]})
     monkeypatch.setattr(cn, "_bwd_plans", {})
     _callcache.clear()
     dtype = "bfloat16"
@@ -419,7 +421,7 @@ def test_pair_backward(variant, weights, shape, rms, monkeypatch):
             assert_rel(out[1], dw64, dtype, f"dweight, {attempt}")
         else:
             assert out[1] is None
-    assert any(p.ctas == 2 and p.merge == merge for p in cn._bwd_plans.values()), "the pair kernel was not dispatched"
+    assert any(p.ctas == split and p.merge == merge for p in cn._bwd_plans.values()), "the pair kernel was not dispatched"
     _callcache.clear()
 
 
@@ -552,13 +554,13 @@ def test_backward_kernels_are_registered(rms):
                     if x_dt != "float16":  # the variants the cluster-merge test forces are registered
                         for c in cn.CLUSTER_CHOICES:
                             assert cn.bwd_expr(cfg[:6] + (c,), x_dt, x_dt, rms, plain_w=True) in exprs
-    for N, pipe, merge in ((8192, False, 1), (16384, False, 1), (16384, True, 1), (16384, False, 2),
-                           (8192, False, 2)):  # the pair kernels the tests force
-        pair = cn.pair_from_half(N, 2, rms, pipe, merge)
-        assert pair is not None and pair[3] >= 4 and pair[6] == pipe and pair[7] == merge
+    for N, pipe, merge, split in ((8192, False, 1, 2), (16384, False, 1, 2), (16384, True, 1, 2), (16384, False, 2, 2),
+                                  (8192, False, 2, 2), (16384, False, 1, 4), (8192, False, 1, 4)):
+        pair = cn.pair_from_half(N, 2, rms, pipe, merge, split)  # the pair kernels the tests force
+        assert pair is not None and pair[3] >= 4 and pair[6:] == (pipe, merge, split)
         for plain_w in (False, True):
             assert cn.bwd_expr(pair, "bfloat16", "bfloat16", rms, plain_w=plain_w) in exprs
-        assert cn.bwd_smem_bytes(pair, rms, N, 2) == pair[4] * 2 * (N // 2) * 2 + (
+        assert cn.bwd_smem_bytes(pair, rms, N, 2) == pair[4] * 2 * (N // split) * 2 + (
             0 if rms or pair[2] * pair[1] < 32 else pair[2] * pair[1] * 32 * pair[3] * 4)
     for (op, N, s), t in cn.TUNED_PAIR.items():  # the shipped pair configs: dispatched, registered
         if (op == "rms") == rms:

@@ -5,8 +5,8 @@
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
 #   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments.
-#   NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES steer the profile stage; GEMM_SANITIZE=0 skips
-#   the gemm stage's memcheck.
+#   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
+#   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck.
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
@@ -126,7 +126,7 @@ if has asv; then
       else git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; fi
     fi
     cd asv_bench && python3 -m asv machine --yes --machine h200 > "$OUT/asv.log" 2>&1
-    timeout $(left 300) python3 -m asv run --python=same --machine h200 --set-commit-hash=$(git rev-parse HEAD) --show-stderr >> "$OUT/asv.log" 2>&1
+    timeout $(left ${ASV_TIMEOUT:-300}) python3 -m asv run --python=same --machine h200 --set-commit-hash=$(git rev-parse HEAD) --show-stderr >> "$OUT/asv.log" 2>&1
     echo "asv run rc=$?" >> "$OUT/asv.log"; python3 -m asv publish >> "$OUT/asv.log" 2>&1; echo "asv publish rc=$?" >> "$OUT/asv.log"
     tar czf "$OUT/asv_results.tgz" results html 2>/dev/null )
 fi

@@ -65,13 +65,14 @@ cn.COLSUM_LANES = 32
 drop_plans()
 # The two-CTA backward (norm_bwd_staged_pair: clusters of two CTAs sharing each row, the row sums sent
 # to the peer's shared memory), forced through TUNED_PAIR for both PIPE variants, with two pairs per
-# cluster adding their partial rows (MERGE 2; 1 row: a pair without rows) and for N = 8192 (not
-# shipped there); more rows than resident clusters.
+# cluster adding their partial rows (MERGE 2; 1 row: a pair without rows), rows in quarters (SPLIT 4)
+# and for N = 8192 (not shipped there); more rows than resident clusters.
 tuned_pair = dict(cn.TUNED_PAIR)
-for (M, N, pipe, merge) in ((5, 16384, False, 1), (700, 8192, False, 1), (5, 16384, True, 1), (700, 8192, True, 1),
-                            (1, 16384, False, 2), (700, 8192, False, 2)):
+for (M, N, pipe, merge, split) in ((5, 16384, False, 1, 2), (700, 8192, False, 1, 2), (5, 16384, True, 1, 2),
+                                   (700, 8192, True, 1, 2), (1, 16384, False, 2, 2), (700, 8192, False, 2, 2),
+                                   (5, 16384, False, 1, 4), (300, 8192, False, 1, 4)):
     for rms in (False, True):
-        cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge)[2:]}
+        cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge, split)[2:]}
         drop_plans()
         x = rng.standard_normal((M, N)).astype("float16")
         w = rng.standard_normal(N).astype("float16")
@@ -86,7 +87,7 @@ for (M, N, pipe, merge) in ((5, 16384, False, 1), (700, 8192, False, 1), (5, 163
             dx, dw, db = fk.layer_norm_backward(DY, X, W, m, r)
             dx_want, dw_want, _ = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
         cupy.cuda.Device().synchronize()
-        if not any(p.ctas == 2 and p.merge == merge for p in cn._bwd_plans.values()):
+        if not any(p.ctas == split and p.merge == merge for p in cn._bwd_plans.values()):
             print("MISMATCH pair kernel not dispatched", M, N, rms, pipe)
             ok = False
         for name, got, want in (("dx", dx, dx_want), ("dweight", dw, dw_want)):

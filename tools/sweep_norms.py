@@ -6,6 +6,7 @@ runs the staged one). Every candidate is compiled first, in parallel (the kernel
 that spill are skipped. Prints, per (op, N), every config's time and GB/s and the best one, and writes JSON to argv[1].
 The winners go into fusedkit/backends/cuda_norms.py TUNED / TUNED_STAGED (see docs/perf_notes.rst).
 """
+import ast
 import json
 import os
 import sys
@@ -35,6 +36,10 @@ CLUSTERS = tuple(int(c) for c in os.environ.get("SWEEP_CLUSTERS", "1").split(","
 # SWEEP_PAIR_MERGE="1,2": the pair candidates with 1 and 2 pairs per cluster adding their partial rows
 # (with SWEEP_TUNED_ONLY=1: the shipped pair config at each)
 PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").split(",") if c)
+# SWEEP_PAIR_SPLIT="2,4": also rows in quarters over four CTAs (the quarter row's staged config), at each
+# merge; SWEEP_EXTRA="16384:('staged', 8, 4, 16, 2, 0, 4);...": explicit extra candidates per N
+PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
+EXTRA = [(int(n), ast.literal_eval(c)) for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
 
 
 def min_blocks_choices(threads):
@@ -52,8 +57,10 @@ def candidates(N, direction, rms):
         if shipped[0] == "staged":
             merged = [shipped[:6] + (c,) for c in CLUSTERS if c != shipped[6]]
         else:
-            merged = [shipped[:7] + (m,) for m in PAIR_MERGES if shipped[0] == "pair" and m != shipped[7]]
-        return [shipped] + merged + [p for p in pairs if p]
+            merged = [shipped[:7] + (m, shipped[8]) for m in PAIR_MERGES if shipped[0] == "pair" and m != shipped[7]]
+        quarters = [cn.pair_from_half(N, 2, rms, False, m, 4) for m in PAIR_MERGES] if 4 in PAIR_SPLITS else []
+        extra = [tuple(c) for n, c in EXTRA if n == N]
+        return [shipped] + merged + [p for p in pairs + quarters if p] + extra
     vec = cn.vec_width(N, 2)
     nv = N // vec
     out = []
@@ -80,7 +87,7 @@ def candidates(N, direction, rms):
         for c in candidates_plain(N // 2, rms):
             for pipe in (0, 1):
                 for m in PAIR_MERGES:
-                    out.append(("pair",) + c[1:6] + (pipe, m))
+                    out.append(("pair",) + c[1:6] + (pipe, m, 2))
     return out
 
 

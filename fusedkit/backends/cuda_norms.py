@@ -57,13 +57,13 @@ TUNED_STAGED: dict = {
     ("rms", 1024, 2): (2, 2, 2, 0, 2), ("rms", 4096, 2): (1, 16, 2, 0, 2), ("rms", 8192, 2): (2, 16, 2, 0, 1),
 }
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
-# (items, warps, stages, min_blocks, pipe, merge) of the half row per (op, N, itemsize) (merge: pairs per
-# cluster that add their partial rows before writing one, 1 = none); takes precedence over
-# TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
+# (items, warps, stages, min_blocks, pipe, merge, split) of the half row per (op, N, itemsize) (merge:
+# pairs per cluster that add their partial rows before writing one, 1 = none; split: CTAs per row, 2 or
+# 4 (quarters: the config is the quarter row's)); takes precedence over TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
 # 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
 # 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
 TUNED_PAIR: dict = {
-    ("ln", 16384, 2): (2, 16, 2, 0, 0, 2), ("rms", 16384, 2): (2, 16, 2, 0, 0, 2),
+    ("ln", 16384, 2): (2, 16, 2, 0, 0, 2, 2), ("rms", 16384, 2): (2, 16, 2, 0, 0, 2, 2),
 }
 # merge 2: sweep_norms_bwd_pair_merge_2026-12-04T0333Z.json (8192 x 16384 bf16, backward with its
 # column_sum): LayerNorm 0.806 -> 0.836 of copy (merge 4: 0.834), RMSNorm 0.891 -> 0.895 (4: 0.893).
@@ -142,26 +142,27 @@ def fwd_plain_config(N: int, itemsize: int, o_itemsize: int, rms: bool = False, 
     return pick(N, itemsize, rms, max_vec)
 
 
-def pair_from_half(N, itemsize, rms, pipe: bool = False, merge: int = 1):
-    """A pair config for rows of N: the staged config of the half row (N / 2), the PIPE flag (the next
-    row's local sums before waiting for the peer's sums of this row) and the pairs per cluster whose
-    partial rows are added before one is written (merge), or None."""
-    half = _staged_config(N // 2, itemsize, rms) if N % 2 == 0 else None
-    return None if half is None or half[3] < 4 else ("pair",) + half[1:6] + (int(pipe), merge)
+def pair_from_half(N, itemsize, rms, pipe: bool = False, merge: int = 1, split: int = 2):
+    """A pair config for rows of N: the staged config of the row part (N / split: halves, or quarters
+    with split 4), the PIPE flag (the next row's local sums before waiting for the peers' sums of this
+    row), the groups per cluster whose partial rows are added before one is written (merge) and split;
+    or None."""
+    part = _staged_config(N // split, itemsize, rms) if N % split == 0 else None
+    return None if part is None or part[3] < 4 else ("pair",) + part[1:6] + (int(pipe), merge, split)
 
 
 def _pair_config(N, itemsize, rms):
     """The two-CTA backward where TUNED_PAIR has the shape and the half row keeps 16-byte vectors."""
     t = TUNED_PAIR.get(("rms" if rms else "ln", N, itemsize))
     vec = vec_width(N, itemsize)
-    if t is None or vec * itemsize != 16 or N % (2 * vec):
+    if t is None or vec * itemsize != 16 or N % (t[6] * vec):
         return None
     return ("pair", vec) + tuple(t)
 
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
     """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks, cluster) or
-    ("pair", vec, items, warps, stages, min_blocks, pipe, merge) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
+    ("pair", vec, items, warps, stages, min_blocks, pipe, merge, split) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
     warps) or ("looped", vec)."""
     cfg = None
     if staged and max_vec >= 16 // itemsize:
@@ -218,9 +219,9 @@ def bwd_expr(cfg, x_dt, w_dt, rms, *, plain_w) -> str:
         head = f"{CXX[x_dt]}, {CXX[w_dt]}, {vec}, {items}, {warps}, {_b(rms)}, {_b(plain_w)}"
         if cfg[0] == "rows":
             return f"fk::norm_bwd<{head}>"
-        if cfg[0] == "pair":
-            merge = f", {cfg[7]}" if cfg[7] > 1 else ""  # MERGE = 1: the template's default
-            return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}{merge}>"
+        if cfg[0] == "pair":  # MERGE = 1, SPLIT = 2: the template's defaults
+            tail = f", {cfg[7]}, {cfg[8]}" if cfg[8] != 2 else (f", {cfg[7]}" if cfg[7] > 1 else "")
+            return f"fk::norm_bwd_staged_pair<{head}, {cfg[5]}, {_b(bool(cfg[6]))}{tail}>"
         cluster = f", {cfg[6]}" if cfg[6] > 1 else ""  # CLUSTER = 1: the template's default
         return f"fk::norm_bwd_staged<{head}, {cfg[5]}{cluster}>"
     return f"fk::norm_bwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {cfg[1]}, {_b(rms)}>"
@@ -235,7 +236,7 @@ def bwd_smem_bytes(cfg, rms: bool, N: int = 0, itemsize: int = 0) -> int:
         return 0
     vec, items, warps = cfg[1:4]
     rpb = rows_per_block(warps)
-    cols = N // 2 if cfg[0] == "pair" else N  # a pair's CTA stages half of each row
+    cols = N // cfg[8] if cfg[0] == "pair" else N  # a pair's CTA stages its part of each row
     ring = cfg[4] * 2 * rpb * cols * itemsize if cfg[0] in ("staged", "pair") else 0
     return ring + (rpb * items * vec * 32 * warps * 4 if not rms and items * vec >= 32 else 0)
 
@@ -394,8 +395,8 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
         threads = 32 * warps * rpb
         if cfg[0] in ("staged", "pair"):
             extra = (cfg[4],)
-        if cfg[0] == "pair":  # clusters of 2 x merge CTAs, compiled in (__cluster_dims__)
-            ctas, merge = 2, cfg[7]
+        if cfg[0] == "pair":  # clusters of split x merge CTAs, compiled in (__cluster_dims__)
+            ctas, merge = cfg[8], cfg[7]
         elif cfg[0] == "staged":  # clusters of merge CTAs: a launch attribute
             merge = cfg[6]
     else:
@@ -421,12 +422,12 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
 
 
 def _without_cluster(cfg, N, itemsize, rms):
-    """The fallback of a cluster config: the staged kernel with cluster 1, a pair without merge (then
-    the rule's staged config of N, else the register rows)."""
+    """The fallback of a cluster config: the staged kernel with cluster 1, a pair without merge; else
+    (a pair, quarters) the rule's staged config of N, else the register rows."""
     if cfg[0] == "staged":
         return cfg[:6] + (1,)
-    if cfg[0] == "pair" and cfg[7] > 1:
-        return cfg[:7] + (1,)
+    if cfg[0] == "pair" and cfg[7] > 1 and cfg[8] == 2:  # the same half-row config, one pair per cluster
+        return cfg[:7] + (1, 2)
     staged = _staged_config(N, itemsize, rms)
     if staged is not None:
         return staged[:6] + (1,)
@@ -533,8 +534,9 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
-                    for pipe, merge in ((False, 1), (True, 1), (False, 2)):  # pair kernels the tests force
-                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge) if N in (8192, 16384) else None
+                    for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
+                        # pair kernels the tests force
+                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split) if N in (8192, 16384) else None
                         for plain_w in (False, True) if pair else ():
                             exprs[FILE].add(bwd_expr(pair, x_dt, w_dt, rms, plain_w=plain_w))
                     for staged in (False, True):
