@@ -57,16 +57,21 @@ TUNED_STAGED: dict = {
     ("rms", 1024, 2): (2, 2, 2, 0, 2), ("rms", 4096, 2): (1, 16, 2, 0, 2), ("rms", 8192, 2): (2, 16, 2, 0, 1),
 }
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
-# (items, warps, stages, min_blocks, pipe, merge, split) of the half row per (op, N, itemsize) (merge:
+# (items, warps, stages, min_blocks, pipe, merge, split) of the row part per (op, N, itemsize) (merge:
 # pairs per cluster that add their partial rows before writing one, 1 = none; split: CTAs per row, 2 or
 # 4 (quarters: the config is the quarter row's)); takes precedence over TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
 # 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
 # 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
 TUNED_PAIR: dict = {
-    ("ln", 16384, 2): (2, 16, 2, 0, 0, 2, 2), ("rms", 16384, 2): (2, 16, 2, 0, 0, 2, 2),
+    ("ln", 16384, 2): (2, 8, 2, 0, 0, 2, 4), ("rms", 16384, 2): (2, 8, 3, 0, 0, 2, 4),
 }
-# merge 2: sweep_norms_bwd_pair_merge_2026-12-04T0333Z.json (8192 x 16384 bf16, backward with its
-# column_sum): LayerNorm 0.806 -> 0.836 of copy (merge 4: 0.834), RMSNorm 0.891 -> 0.895 (4: 0.893).
+# 8192 x 16384 bf16, backward with its column_sum, fraction of copy. Halves, two pairs per cluster
+# (merge 2; sweep_norms_bwd_pair_merge_2026-12-04T0333Z.json): LayerNorm 0.806 -> 0.836 (merge 4:
+# 0.834), RMSNorm 0.891 -> 0.895. Quarters (split 4: four CTAs of 256 threads per row, two such CTAs
+# per SM where a half-row CTA of 512 threads was alone; sweep_norms_bwd_quarters_2026-12-04T0341Z.json),
+# two rows' groups per cluster: LayerNorm 0.839 -> 0.887 (3 stages 0.886, merge 1: 0.822), RMSNorm
+# 0.895 -> 0.935 with the LayerNorm quarter config and 3 stages (RMSNorm's own 4096 config (1, 16):
+# 0.66).
 CLUSTER_CHOICES = (2, 4)        # cluster-merge sizes of the staged backward that are registered and swept
 STAGE_BYTES_TARGET = 32 * 1024  # ring bytes per block when not tuned (deeper rings measured slower)
 MAX_STAGES = 16                 # kMaxStages in cuda/common/bulk.cuh
