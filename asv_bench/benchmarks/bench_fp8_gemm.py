@@ -6,6 +6,11 @@ times all five). Mode "epilogue": bias + GeLU(tanh) + E4M3 output + amax fused i
 against cuBLASLt (bias fused, bf16 out) followed by that epilogue as torch eager kernels."""
 from .bench_norms import _framework, _median_ms
 
+try:  # asv >= 0.6: skips one parameter combination from inside the benchmark (a plain raise there fails it)
+    from asv_runner.benchmarks.mark import SkipNotImplemented
+except ImportError:  # outside asv (imports in tests)
+    SkipNotImplemented = NotImplementedError
+
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 MODES = ["split", "fast", "block", "epilogue"]
 
@@ -77,8 +82,8 @@ class FP8Gemm:
 
     def track_speedup_over_cublaslt(self, cache, shape, mode):
         key = f"{shape}/{mode}"
-        if key not in cache["ratio"]:
-            raise NotImplementedError("no cuBLASLt peer for this scaling")
+        if key not in cache["ratio"]:  # block scaling: no same-scaling cuBLASLt peer through torch
+            raise SkipNotImplemented("no cuBLASLt peer for this scaling")
         return cache["ratio"][key]
 
     track_tflops.unit = "TFLOP/s"
