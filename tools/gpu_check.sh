@@ -110,7 +110,9 @@ if has bench; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 200 \
     > "$OUT/smi_bench.csv" 2>&1 &
   smi=$!
-  timeout $(left 420) python3 -m fusedkit bench ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
+  # BENCH_WINNERS=1: the sweep stage's fastest backward configs in place (tools/bench_sweep_winners.py)
+  bench_cmd=(python3 -m fusedkit bench); [ -n "${BENCH_WINNERS:-}" ] && bench_cmd=(python3 tools/bench_sweep_winners.py "$OUT/sweep.json")
+  timeout $(left 420) "${bench_cmd[@]}" ${BENCH_ARGS:-} --out "$OUT/results" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log"
   kill $smi 2>/dev/null
 fi
 if has expbench; then  # A/B of a compile-time experiment: EXP_OPTIONS (NVRTC defines) on EXP_ONLY ops
