@@ -36,31 +36,18 @@ def test_cache_key_covers_headers(tmp_path, monkeypatch):
     assert _jit.sources()[0] == orig
 
 
-def test_fp8_gemm_compiles_without_spills(monkeypatch):
-    """The FP8 GEMM family alone (``pytest tests/test_compile_all.py -k gemm``): every instantiation of
-    cuda/fp8_gemm_sm90.cu for each target, no spills on sm_90a."""
+@pytest.mark.parametrize("family", ["gemm", "softmax"])
+def test_family_compiles_without_spills(family, monkeypatch):
+    """One kernel family alone (``pytest tests/test_compile_all.py -k gemm`` / ``-k softmax``): every
+    instantiation of cuda/fp8_gemm_sm90.cu or cuda/softmax.cu for each target, no spills on sm_90a."""
     try:
         _nvrtc.lib()
     except _nvrtc.NVRTCError as e:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(e).splitlines()[0])
-    from fusedkit.backends import cuda_gemm
-    monkeypatch.setattr(compile_check, "all_expressions", cuda_gemm.all_expressions)
-    problems = compile_check.run(verbose=False)
-    assert not problems, "\n".join(problems)
-
-
-def test_softmax_compiles_without_spills(monkeypatch):
-    """The softmax family alone (``pytest tests/test_compile_all.py -k softmax``): every instantiation of
-    cuda/softmax.cu for each target, no spills on sm_90a."""
-    try:
-        _nvrtc.lib()
-    except _nvrtc.NVRTCError as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(e).splitlines()[0])
-    from fusedkit.backends import cuda_softmax
-    monkeypatch.setattr(compile_check, "all_expressions", cuda_softmax.all_expressions)
+    from fusedkit.backends import cuda_gemm, cuda_softmax
+    backend = {"gemm": cuda_gemm, "softmax": cuda_softmax}[family]
+    monkeypatch.setattr(compile_check, "all_expressions", backend.all_expressions)
     problems = compile_check.run(verbose=False)
     assert not problems, "\n".join(problems)

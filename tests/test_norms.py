@@ -371,38 +371,16 @@ def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
     _callcache.clear()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", [(False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)],
-                         ids=["wait", "pipe", "merge2", "quarters"])
-@pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
-@pytest.mark.parametrize("shape", [(7, 16384), (300, 8192), (1, 16384), (2, 67, 16384)], ids=str)
-@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-def test_pair_backward(variant, weights, shape, rms, monkeypatch):
-    """The two-CTA backward (norm_bwd_staged_pair: each row split over a cluster of two CTAs, the row
-    sums exchanged through distributed shared memory; with and without PIPE, with two pairs per cluster
-    adding their partial rows: MERGE 2, and rows in quarters over four CTAs: SPLIT 4), forced through
-    TUNED_PAIR: dx, dweight and dbias
-    against the float64 reference for every weight form, first call and cached repeat, with row counts
-    below, at and above the resident clusters (1 row: no next row for PIPE, and with MERGE 2 a pair
-    without rows)."""
-    pipe, merge, split = variant
-    torch = pytest.importorskip("torch")
-    from fusedkit import _callcache
-    from fusedkit.backends import cuda_norms as cn
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread-block clusters and bulk copies: sm_90+")
-    N = shape[-1]
-    monkeypatch.setattr(cn, "TUNED_PAIR",
-                        {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge, split)[2:]})
-    monkeypatch.setattr(cn, "_bwd_plans", {})
-    _callcache.clear()
-    dtype = "bfloat16"
-    rng, x, w, b = _make("torch", dtype, shape, dtype, ("pair", weights, shape, rms))
+def _check_forced_backward(backend, dtype, shape, weights, rms, seed_key):
+    """dx, dweight and dbias of the public calls against the float64 reference for one weight form
+    ("plain", "zero_centered" or "none"), on the first call and on the cached repeat (the call cache's
+    plan): the body of the tests that force a backward kernel through the tuning tables."""
+    rng, x, w, b = _make(backend, dtype, shape, dtype, seed_key)
     zc = weights == "zero_centered"
     if zc:
         w = (w.astype(np.float32) - 1.0).astype(w.dtype)
     dy = rand(rng, shape, dtype)
-    X, W, B, DY = (to_backend(a, "torch") for a in (x, w, b, dy))
+    X, W, B, DY = (to_backend(a, backend) for a in (x, w, b, dy))
     Wk = None if weights == "none" else W
     g = None if weights == "none" else (w.astype(np.float64) + (1.0 if zc else 0.0))
     dx64, dw64, db64 = ref64_backward(dy, x, g, 1e-5, rms)
@@ -415,13 +393,40 @@ def test_pair_backward(variant, weights, shape, rms, monkeypatch):
                                           return_stats=True)
             out = fk.layer_norm_backward(DY, X, Wk, mean, rstd, zero_centered_gamma=zc)
             assert_rel(out[2], db64, dtype, f"dbias, {attempt}")
-        torch.cuda.synchronize()
         assert_close(out[0], dx64.reshape(shape), dtype, f"dx, {attempt}")
         if Wk is not None:
             assert_rel(out[1], dw64, dtype, f"dweight, {attempt}")
         else:
             assert out[1] is None
-    assert any(p.ctas == split and p.merge == merge for p in cn._bwd_plans.values()), "the pair kernel was not dispatched"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [(False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)],
+                         ids=["wait", "pipe", "merge2", "quarters"])
+@pytest.mark.parametrize("weights", ["plain", "zero_centered", "none"])
+@pytest.mark.parametrize("shape", [(7, 16384), (300, 8192), (1, 16384), (2, 67, 16384)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_pair_backward(variant, weights, shape, rms, monkeypatch):
+    """The two-CTA backward (norm_bwd_staged_pair: each row split over a cluster of two CTAs, the row
+    sums exchanged through distributed shared memory; with and without PIPE, with two pairs per cluster
+    adding their partial rows: MERGE 2, and rows in quarters over four CTAs: SPLIT 4), forced through
+    TUNED_PAIR: dx, dweight and dbias against the float64 reference for every weight form, first call
+    and cached repeat, with row counts below, at and above the resident clusters (1 row: no next row
+    for PIPE, and with MERGE 2 a pair without rows)."""
+    pipe, merge, split = variant
+    torch = pytest.importorskip("torch")
+    from fusedkit import _callcache
+    from fusedkit.backends import cuda_norms as cn
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies: sm_90+")
+    N = shape[-1]
+    monkeypatch.setattr(cn, "TUNED_PAIR",
+                        {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge, split)[2:]})
+    monkeypatch.setattr(cn, "_bwd_plans", {})
+    _callcache.clear()
+    _check_forced_backward("torch", "bfloat16", shape, weights, rms, ("pair", weights, shape, rms))
+    assert any(p.ctas == split and p.merge == merge for p in cn._bwd_plans.values()), \
+        "the pair kernel was not dispatched"
     _callcache.clear()
 
 
@@ -449,30 +454,7 @@ def test_cluster_merged_partials(cluster, weights, case, rms, monkeypatch):
     monkeypatch.setattr(cn, "TUNED_PAIR", {})
     monkeypatch.setattr(cn, "_bwd_plans", {})
     _callcache.clear()
-    rng, x, w, b = _make("torch", dtype, shape, dtype, ("cluster", cluster, weights, shape, rms))
-    zc = weights == "zero_centered"
-    if zc:
-        w = (w.astype(np.float32) - 1.0).astype(w.dtype)
-    dy = rand(rng, shape, dtype)
-    X, W, B, DY = (to_backend(a, "torch") for a in (x, w, b, dy))
-    Wk = None if weights == "none" else W
-    g = None if weights == "none" else (w.astype(np.float64) + (1.0 if zc else 0.0))
-    dx64, dw64, db64 = ref64_backward(dy, x, g, 1e-5, rms)
-    for attempt in ("first call", "cached plan"):
-        if rms:
-            _, rstd = fk.rms_norm(X, Wk, zero_centered_gamma=zc, return_stats=True)
-            out = fk.rms_norm_backward(DY, X, Wk, rstd, zero_centered_gamma=zc)
-        else:
-            _, mean, rstd = fk.layer_norm(X, Wk, B if Wk is not None else None, zero_centered_gamma=zc,
-                                          return_stats=True)
-            out = fk.layer_norm_backward(DY, X, Wk, mean, rstd, zero_centered_gamma=zc)
-            assert_rel(out[2], db64, dtype, f"dbias, {attempt}")
-        torch.cuda.synchronize()
-        assert_close(out[0], dx64.reshape(shape), dtype, f"dx, {attempt}")
-        if Wk is not None:
-            assert_rel(out[1], dw64, dtype, f"dweight, {attempt}")
-        else:
-            assert out[1] is None
+    _check_forced_backward("torch", dtype, shape, weights, rms, ("cluster", cluster, weights, shape, rms))
     assert any(p.merge == cluster for p in cn._bwd_plans.values()), "the cluster merge was not dispatched"
     _callcache.clear()
 

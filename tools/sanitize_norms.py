@@ -22,6 +22,26 @@ def drop_plans():
     _callcache.clear()
 
 
+def backward_errors(M, N, rms):
+    """Relative max errors of dx, dweight (and dbias for LayerNorm) of one fp16 backward of fresh inputs
+    against the CPU reference."""
+    x = rng.standard_normal((M, N)).astype("float16")
+    w = rng.standard_normal(N).astype("float16")
+    dy = rng.standard_normal((M, N)).astype("float16")
+    X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
+    if rms:
+        _, r = fk.rms_norm(X, W, return_stats=True)
+        got = fk.rms_norm_backward(DY, X, W, r)
+        want = ref.rms_norm_backward(dy, x, w, cupy.asnumpy(r))
+    else:
+        _, m, r = fk.layer_norm(X, W, W, return_stats=True)
+        got = fk.layer_norm_backward(DY, X, W, m, r)
+        want = ref.layer_norm_backward(dy, x, w, cupy.asnumpy(m), cupy.asnumpy(r))
+    cupy.cuda.Device().synchronize()
+    return {name: np.abs(cupy.asnumpy(g).astype(np.float64) - wt).max() / (np.abs(wt).max() + 1e-30)
+            for name, g, wt in zip(("dx", "dweight", "dbias"), got, want)}
+
+
 staged_ok = cn._staged_ok
 for staged, dtype in ((True, "float32"), (True, "float16"), (False, "float16")):
     cn._staged_ok = staged_ok if staged else (lambda device: False)
@@ -74,24 +94,11 @@ for (M, N, pipe, merge, split) in ((5, 16384, False, 1, 2), (700, 8192, False, 1
     for rms in (False, True):
         cn.TUNED_PAIR = {("rms" if rms else "ln", N, 2): cn.pair_from_half(N, 2, rms, pipe, merge, split)[2:]}
         drop_plans()
-        x = rng.standard_normal((M, N)).astype("float16")
-        w = rng.standard_normal(N).astype("float16")
-        dy = rng.standard_normal((M, N)).astype("float16")
-        X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
-        if rms:
-            _, r = fk.rms_norm(X, W, return_stats=True)
-            dx, dw = fk.rms_norm_backward(DY, X, W, r)
-            dx_want, dw_want = ref.rms_norm_backward(dy, x, w, r.get())
-        else:
-            _, m, r = fk.layer_norm(X, W, W, return_stats=True)
-            dx, dw, db = fk.layer_norm_backward(DY, X, W, m, r)
-            dx_want, dw_want, _ = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
-        cupy.cuda.Device().synchronize()
+        errors = backward_errors(M, N, rms)
         if not any(p.ctas == split and p.merge == merge for p in cn._bwd_plans.values()):
             print("MISMATCH pair kernel not dispatched", M, N, rms, pipe)
             ok = False
-        for name, got, want in (("dx", dx, dx_want), ("dweight", dw, dw_want)):
-            err = np.abs(got.get().astype(np.float64) - want).max() / (np.abs(want).max() + 1e-30)
+        for name, err in errors.items():
             if not err < 2e-2:
                 print("MISMATCH pair", "rms" if rms else "ln", "pipe" if pipe else "wait", name, M, N, err)
                 ok = False
@@ -108,24 +115,11 @@ for cluster in cn.CLUSTER_CHOICES:
             cfg = ("staged", 8, 2, 2, 2, 0) if N == 1024 else base[:6]
             cn.TUNED_STAGED = {("rms" if rms else "ln", N, 2): cfg[2:] + (cluster,)}
             drop_plans()
-            x = rng.standard_normal((M, N)).astype("float16")
-            w = rng.standard_normal(N).astype("float16")
-            dy = rng.standard_normal((M, N)).astype("float16")
-            X, W, DY = (cupy.asarray(a) for a in (x, w, dy))
-            if rms:
-                _, r = fk.rms_norm(X, W, return_stats=True)
-                got = fk.rms_norm_backward(DY, X, W, r)
-                want = ref.rms_norm_backward(dy, x, w, r.get())
-            else:
-                _, m, r = fk.layer_norm(X, W, W, return_stats=True)
-                got = fk.layer_norm_backward(DY, X, W, m, r)
-                want = ref.layer_norm_backward(dy, x, w, m.get(), r.get())
-            cupy.cuda.Device().synchronize()
+            errors = backward_errors(M, N, rms)
             if not any(p.merge == cluster for p in cn._bwd_plans.values()):
                 print("MISMATCH cluster merge not dispatched", cluster, M, N, rms)
                 ok = False
-            for name, g, wnt in zip(("dx", "dweight", "dbias"), got, want):
-                err = np.abs(g.get().astype(np.float64) - wnt).max() / (np.abs(wnt).max() + 1e-30)
+            for name, err in errors.items():
                 if not err < 2e-2:
                     print("MISMATCH cluster merge", cluster, "rms" if rms else "ln", name, M, N, err)
                     ok = False
