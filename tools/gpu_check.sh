@@ -8,6 +8,8 @@
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
 #   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck.
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
+#   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
+#   (tools/bench_sweep_winners.py; sweep and confirmation in one call).
 set -u
 OUT=${OUT:-/tmp/fk_out}; mkdir -p "$OUT"
 STAGES=${STAGES:-test,sanitize,jit,bench,asv}
