@@ -23,9 +23,11 @@ def main(argv):
             best[key] = r
     for key, r in sorted(best.items()):
         cfg = tuple(r["cfg"])
-        table = cn.TUNED_PAIR if cfg[0] == "pair" else cn.TUNED_STAGED
-        (cn.TUNED_STAGED if cfg[0] == "pair" else cn.TUNED_PAIR).pop(key, None)
-        table[key] = cfg[2:]
+        if cfg[0] == "pair":  # TUNED_PAIR takes precedence over TUNED_STAGED
+            cn.TUNED_PAIR[key] = cfg[2:]
+        else:
+            cn.TUNED_PAIR.pop(key, None)
+            cn.TUNED_STAGED[key] = cfg[2:]
         print(f"bench_sweep_winners: {key} -> {cfg} ({r['of_copy']:.3f} of copy in the sweep)", flush=True)
     return bench.main(rest)
 

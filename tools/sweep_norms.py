@@ -39,7 +39,8 @@ PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").spli
 # SWEEP_PAIR_SPLIT="2,4": also rows in quarters over four CTAs (the quarter row's staged config), at each
 # merge; SWEEP_EXTRA="16384:('staged', 8, 4, 16, 2, 0, 4);...": explicit extra candidates per N
 PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
-EXTRA = [(int(n), ast.literal_eval(c)) for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
+EXTRA = [(int(n), ast.literal_eval(c))
+         for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
 
 
 def min_blocks_choices(threads):

@@ -61,8 +61,9 @@ TUNED_STAGED: dict = {
 # The backward with each row split over a cluster of two CTAs (norm_bwd_staged_pair, sm_90), tuned
 # (items, warps, stages, min_blocks, pipe, merge, split) of the row part per (op, N, itemsize) (merge:
 # pairs per cluster that add their partial rows before writing one, 1 = none; split: CTAs per row, 2 or
-# 4 (quarters: the config is the quarter row's)); takes precedence over TUNED_STAGED. Sweep 223551Z (8192 x 16384 bf16): LayerNorm 0.744 -> 0.808 of copy, RMSNorm
-# 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
+# 4 (quarters: the config is the quarter row's)); takes precedence over TUNED_STAGED. The kernel keeps
+# its name "pair" for quarters too. Sweep 223551Z (8192 x 16384 bf16, halves): LayerNorm 0.744 -> 0.808
+# of copy, RMSNorm 0.829 -> 0.889; pipe = 1 (the next row's sums before the wait for the peer's) was slower (0.676 /
 # 0.808). At N = 8192 (halves of 4096) every pair config lost to the staged kernel (sweep 2219Z).
 TUNED_PAIR: dict = {
     ("ln", 16384, 2): (2, 8, 2, 0, 0, 2, 4), ("rms", 16384, 2): (2, 8, 3, 0, 0, 2, 4),
@@ -169,7 +170,8 @@ def _pair_config(N, itemsize, rms):
 
 def bwd_config(N: int, itemsize: int, rms: bool = False, staged: bool = False, max_vec: int = 16):
     """Launch config of the backward: ("staged", vec, items, warps, stages, min_blocks, cluster) or
-    ("pair", vec, items, warps, stages, min_blocks, pipe, merge, split) when `staged` is allowed (sm_90+, 16-byte aligned pointers) and applies, else ("rows", vec, items,
+    ("pair", vec, items, warps, stages, min_blocks, pipe, merge, split) when `staged` is allowed (sm_90+,
+    16-byte aligned pointers) and applies, else ("rows", vec, items,
     warps) or ("looped", vec)."""
     cfg = None
     if staged and max_vec >= 16 // itemsize:
@@ -543,7 +545,8 @@ def all_expressions():
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
-                        pair = pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split) if N in (8192, 16384) else None
+                        pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
+                                if N in (8192, 16384) else None)
                         for plain_w in (False, True) if pair else ():
                             exprs[FILE].add(bwd_expr(pair, x_dt, w_dt, rms, plain_w=plain_w))
                     for staged in (False, True):
