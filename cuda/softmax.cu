@@ -14,8 +14,9 @@
 //   butterfly). Then y = 2^(fma(x, c, -k)) / s.
 //   Two exponentials per element (local sum, output), as a max-then-sum scheme would need without
 //   fp32 storage for the exponentials; one barrier round instead of two.
-// Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2, 4 or 8) owns a
-// row; CTA r holds the contiguous chunk of vectors [r * ceil(nvec / C), ...) in registers with the same
+// Forward, long rows (softmax_fwd_cluster, sm_90+): a thread-block cluster of C CTAs (2 to 16) owns a
+// row (launched with a cluster attribute, Launcher(cluster=C): C up to 16, the non-portable size H100 /
+// H200 allow); CTA r holds the contiguous chunk of vectors [r * ceil(nvec / C), ...) in registers with the same
 // per-CTA mapping. The CTA's (k, s) is merged across the cluster through distributed shared memory
 // (common/cluster.cuh: each CTA st.async-stores its (k, s) into every CTA's mailbox, a butterfly over C
 // lanes in rank order), so every CTA gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
@@ -490,7 +491,7 @@ softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
 
 // One row per cluster of CLUSTER CTAs (grid = M * CLUSTER, 1-D blocks of 32 * WARPS threads).
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
-__global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+__global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   __shared__ StatsBox<CLUSTER> box;
   cluster_merge_open(&box);
@@ -606,7 +607,7 @@ softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ d
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
-__global__ void FK_CLUSTER_DIMS(CLUSTER) __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+__global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
                     float scale) {
   __shared__ StatsBox<CLUSTER> box;

@@ -503,12 +503,14 @@ def forced(monkeypatch):
     (4096, ("cluster", 8, 2, 4, 2), ("cluster", 8, 1, 4, 4)),
     (4096, ("cluster", 8, 1, 2, 8), ("cluster", 8, 1, 4, 8)),
     (1000, ("cluster", 8, 1, 4, 8), ("cluster", 8, 1, 1, 4)),     # chunks of 16 vectors, last CTA partial
+    (1000, ("cluster", 8, 1, 1, 16), ("cluster", 8, 1, 1, 16)),   # non-portable 16: chunks of 8, last 5
+    (65536, ("cluster", 8, 8, 8, 4), ("cluster", 8, 2, 16, 16)),
     (4104, ("cluster", 8, 4, 4, 4), ("looped", 8)),
     (65536, ("rows", 8, 8, 32), ("cluster", 8, 4, 32, 2)),
 ], ids=str)
 @pytest.mark.parametrize("masked", [False, True], ids=["plain", "mask+causal"])
 def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
-    """Each kernel kind (rows, several rows per block, clusters of 2/4/8 with partial chunks, looped)
+    """Each kernel kind (rows, several rows per block, clusters of 2 to 16 with partial chunks, looped)
     against the float64 reference, forward (plain / mask + causal, softmax and log) and backward."""
     torch = pytest.importorskip("torch")
     forced(fwd_cfg, bwd_cfg)

@@ -21,7 +21,7 @@ def candidates(N, direction):
     nv = N // vec
     max_items = cs.MAX_ITEMS_FWD[2] if direction == "fwd" else cs.MAX_ITEMS_BWD
     out = []
-    for c in (1, 2, 4, 8):
+    for c in (1, 2, 4, 8, 16):
         for warps in (1, 2, 4, 8, 16, 32):
             for items in (1, 2, 4, 8):
                 cap = c * 32 * warps * items

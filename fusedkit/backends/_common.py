@@ -44,12 +44,14 @@ def grid_stride_blocks(work: int, threads: int, device: int, per_sm: int = 8) ->
 _launchers: dict = {}
 
 
-def launcher(file: str, expr: str, codes: str, device: int) -> Launcher:
-    """The Launcher of kernel ``expr`` of ``cuda/<file>`` on ``device`` (compiled and loaded once)."""
-    key = (file, expr, device)
+def launcher(file: str, expr: str, codes: str, device: int, cluster: int = 1) -> Launcher:
+    """The Launcher of kernel ``expr`` of ``cuda/<file>`` on ``device`` (compiled and loaded once);
+    ``cluster`` > 1: launched with clusters of that many CTAs (a cluster attribute)."""
+    key = (file, expr, device, cluster)
     fn = _launchers.get(key)
     if fn is None:
-        fn = _launchers[key] = Launcher(_jit.get_kernel(file, expr, device).kernel, codes, device)
+        fn = _launchers[key] = Launcher(_jit.get_kernel(file, expr, device).kernel, codes, device,
+                                        cluster=cluster if cluster > 1 else None)
     return fn
 
 

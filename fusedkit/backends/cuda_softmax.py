@@ -4,8 +4,9 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 
 * ``("rows", vec, items, warps)``: a row in the registers of ``32 * warps`` threads, ``items`` vectors
   of ``vec`` elements each (several rows per block when ``warps < 4``), as the norm forward.
-* ``("cluster", vec, items, warps, C)``: sm_90+, a thread-block cluster of C CTAs per row, each CTA
-  holding a contiguous chunk in registers; statistics merged through distributed shared memory.
+* ``("cluster", vec, items, warps, C)``: sm_90+, a thread-block cluster of C CTAs per row (launched with
+  a cluster attribute; C = 16 is the non-portable size, opted in per kernel), each CTA holding a
+  contiguous chunk in registers; statistics merged through distributed shared memory.
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -238,7 +239,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
         expr = fwd_expr(cfg, x_dt, o_dt, log, masking)
         block, rpb, per_row = _geometry(cfg)
         _log_config("softmax_fwd", expr, f"rows/{rpb}*{per_row}", block)
-        plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device), block, rpb, per_row)
+        plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device, per_row), block, rpb, per_row)
     fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
         fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
@@ -258,7 +259,7 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
         expr = bwd_expr(cfg, dt, log)
         block, rpb, per_row = _geometry(cfg)
         _log_config("softmax_bwd", expr, f"rows/{rpb}*{per_row}", block)
-        plan = _bwd_plans[key] = (launcher(FILE, expr, BWD_CODES, device), block, rpb, per_row)
+        plan = _bwd_plans[key] = (launcher(FILE, expr, BWD_CODES, device, per_row), block, rpb, per_row)
     fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
         fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
