@@ -20,8 +20,6 @@
 // per-CTA mapping. The CTA's (k, s) is merged across the cluster through distributed shared memory
 // (common/cluster.cuh: each CTA st.async-stores its (k, s) into every CTA's mailbox, a butterfly over C
 // lanes in rank order), so every CTA gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
-// Rows of 32768+ elements (register rows of one CTA per SM, and the clusters) also ask the L2 for the
-// chunk a later wave will load (prefetch_chunk_l2), so the DRAM keeps reading while a wave reduces.
 // Rows that fit neither (or GPUs without clusters) use softmax_fwd_looped: one row per 512-thread
 // block, an online (m, s) pass over global memory, then a second pass that re-reads x (mostly from L2)
 // and writes y: 6MN bytes; correct for any N.
@@ -68,7 +66,6 @@
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
 #include "common/fastdiv.cuh"
-#include "common/bulk.cuh"
 
 namespace fk {
 
@@ -447,29 +444,12 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   }
 }
 
-// Long rows: the L2 prefetch of a later wave's data. The CTAs of a wave of long rows run in lockstep
-// (each loads its chunk, reduces, merges across the cluster, then stores), so without it the DRAM idles
-// while every SM reduces: 0.82 of copy at 2048 x 65536 with DRAM throughput at 70 % (ncu, run 1147Z).
-// Thread 0 of a CTA asks the L2 for the same chunk of row `row + ahead` (ahead: about one wave of
-// resident rows, from the host; 0 = off) with one cp.async.bulk.prefetch, so the DRAM reads the next
-// wave while this one reduces and stores, and the next wave's loads hit the L2. Whole 16-byte vectors
-// only (VEC * sizeof(T) == 16: the host picked VEC from the pointers' alignment).
-template <typename T, int VEC>
-__device__ __forceinline__ void prefetch_chunk_l2(const T* __restrict__ p, long long row, long long ahead,
-                                                  long long M, int N, int v0, int vend) {
-  if constexpr (VEC * sizeof(T) == 16) {
-    if (ahead > 0 && threadIdx.x == 0 && row + ahead < M && vend > v0)
-      bulk_prefetch_l2(p + (row + ahead) * (long long)N + (long long)v0 * VEC, (unsigned)(vend - v0) * 16u);
-  }
-}
-
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
 __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
-                                                long long row, bool row_ok, long long M, int N, float scale,
-                                                int v0, int vend, long long ahead, StatsBox<CLUSTER>* box) {
+                                                long long row, bool row_ok, int N, float scale, int v0,
+                                                int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
-  if constexpr (MASKING == 0) prefetch_chunk_l2<T, VEC>(x, row, ahead, M, N, v0, vend);
   RowMask rm{nullptr, (long long)N, 0u};
   if (row_ok) {
     rm = row_mask<MASKING>(row, N, mp);
@@ -490,12 +470,12 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
 }
 
 // The fast-division parameters (sq_div ... n3_div: fast_div() of sq, n1, n2, n3 in cuda_softmax.py) come
-// after the mask parameters, then `ahead` (prefetch_chunk_l2; the looped kernels ignore it).
+// last, so the parameters before them keep their offsets.
 #define FK_SOFTMAX_FWD_PARAMS                                                                              \
   const T *__restrict__ x, const unsigned char *__restrict__ mask, O *__restrict__ y, long long M, int N,  \
       float scale, long long sq, long long n1, long long n2, long long n3, long long s0, long long s1,     \
       long long s2, long long s3, int mcol, unsigned long long sq_div, unsigned long long n1_div,          \
-      unsigned long long n2_div, unsigned long long n3_div, long long ahead
+      unsigned long long n2_div, unsigned long long n3_div
 #define FK_SOFTMAX_MASK_PARAMS                                                                             \
   MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol,                                                   \
              FastDiv(sq_div), FastDiv(n1_div), FastDiv(n2_div), FastDiv(n3_div)}
@@ -506,8 +486,7 @@ __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value
 softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
-  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING>(x, y, mp, row, row < M, M, N, scale, 0, N / VEC, ahead,
-                                                         nullptr);
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING>(x, y, mp, row, row < M, N, scale, 0, N / VEC, nullptr);
 }
 
 // One row per cluster of CLUSTER CTAs (grid = M * CLUSTER, 1-D blocks of 32 * WARPS threads).
@@ -521,8 +500,7 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, M, N, scale, v0, vend, ahead,
-                                                               &box);
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &box);
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
@@ -579,13 +557,10 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
 
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
-                                                T* __restrict__ dx, long long row, bool row_ok, long long M,
-                                                int N, float scale, int v0, int vend, long long ahead,
-                                                StatsBox<CLUSTER>* box) {
+                                                T* __restrict__ dx, long long row, bool row_ok, int N,
+                                                float scale, int v0, int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
-  prefetch_chunk_l2<T, VEC>(y, row, ahead, M, N, v0, vend);
-  prefetch_chunk_l2<T, VEC>(dy, row, ahead, M, N, v0, vend);
   Vec<T, VEC> yr[ITEMS], gr[ITEMS];
   float d = 0.f;
 #pragma unroll
@@ -626,30 +601,29 @@ __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const 
 template <typename T, int VEC, int ITEMS, int WARPS, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
                                   SoftmaxMinBlocks<32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value>::value)
-softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N, float scale,
-            long long ahead) {
+softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N, float scale) {
   const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
-  softmax_bwd_row<T, VEC, ITEMS, WARPS, 1, LOG>(dy, y, dx, row, row < M, M, N, scale, 0, N / VEC, ahead, nullptr);
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, 1, LOG>(dy, y, dx, row, row < M, N, scale, 0, N / VEC, nullptr);
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
-                    float scale, long long ahead) {
+                    float scale) {
   __shared__ StatsBox<CLUSTER> box;
   cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
   const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, M, N, scale, v0, vend, ahead, &box);
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &box);
   cluster_wait();
 }
 
 template <typename T, int VEC, bool LOG>
 __global__ void __launch_bounds__(kSoftmaxLoopedThreads)
 softmax_bwd_looped(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
-                   float scale, long long /* ahead: unused */) {
+                   float scale) {
   constexpr int WARPS = kSoftmaxLoopedThreads / 32;
   const long long base = (long long)blockIdx.x * N;
   const int nvec = N / VEC;

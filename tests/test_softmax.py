@@ -534,29 +534,6 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N, fwd_cfg, bwd_cfg", [
-    (65536, ("cluster", 8, 8, 8, 4), ("cluster", 8, 4, 16, 4)),
-    (65536, ("rows", 8, 8, 32), ("cluster", 8, 4, 16, 4)),
-    (65544, ("cluster", 8, 8, 16, 2), ("cluster", 8, 4, 16, 4)),   # partial last chunk
-    (32768, ("rows", 8, 8, 16), ("cluster", 8, 4, 16, 2)),
-], ids=str)
-def test_l2_prefetch_rows_ahead(forced, monkeypatch, N, fwd_cfg, bwd_cfg):
-    """The long-row kernels' L2 prefetch (prefetch_chunk_l2) with a distance of a row or two, so it runs
-    on a small tensor (the real distance is a wave of resident rows): results unchanged."""
-    torch = pytest.importorskip("torch")
-    forced(fwd_cfg, bwd_cfg)
-    monkeypatch.setattr(cs, "_ahead", lambda *a: 2)  # two rows ahead
-    rng = rng_for("prefetch", N, fwd_cfg)
-    x, dy = rand(rng, (6, N), "bfloat16", scale=2.0), rand(rng, (6, N), "bfloat16")
-    X, DY = to_backend(x, "torch"), to_backend(dy, "torch")
-    y = fk.softmax(X, scale=0.5)
-    assert_rows(y, softmax64(x, 0.5), "bfloat16", "y")
-    p, g = softmax64(x, 0.5), dy.astype(np.float64)
-    assert_rows(fk.softmax_backward(DY, y, scale=0.5), 0.5 * p * (g - (g * p).sum(-1, keepdims=True)), "bfloat16", "dx")
-    assert next(iter(cs._fwd_plans.values()))[-1] == 2 and next(iter(cs._bwd_plans.values()))[-1] == 2
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [1, 2, 3])
 def test_misaligned_pointers(offset):
     """Contiguous views that start off a 16-byte boundary (x, y, mask) take narrower vectors."""

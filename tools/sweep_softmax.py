@@ -1,8 +1,7 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
 vectors per thread), clusters (C CTAs x warps x vectors) and the looped kernel, forward and backward.
 
-    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144;
-                                                    SWEEP_PREFETCH=0,1,2 the L2 prefetch distances)
+    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144)
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_BWD (rows) or its rule.
@@ -17,14 +16,6 @@ from fusedkit.backends import cuda_softmax as cs
 from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
 
 
-# SWEEP_PREFETCH="0,1,2": every config of rows >= cs.PREFETCH_MIN_N at each L2 prefetch distance (waves
-# of resident rows; cs.PREFETCH_WAVES); a config is then recorded as [config, waves]
-PREFETCH_WAVES = tuple(float(w) for w in os.environ.get("SWEEP_PREFETCH", str(cs.PREFETCH_WAVES)).split(","))
-
-
-MIN_ITEMS = int(os.environ.get("SWEEP_MIN_ITEMS", "1"))  # e.g. 4: leave out the thin splits (slow everywhere)
-
-
 def candidates(N, direction):
     vec = 8
     nv = N // vec
@@ -34,7 +25,7 @@ def candidates(N, direction):
         for warps in (1, 2, 4, 8, 16, 32):
             for items in (1, 2, 4, 8):
                 cap = c * 32 * warps * items
-                if items > max_items or items < MIN_ITEMS or not cap >= nv > cap // 2:
+                if items > max_items or not cap >= nv > cap // 2:
                     continue
                 if c > 1 and nv < 2048:      # clusters only for long rows
                     continue
@@ -63,16 +54,7 @@ def main(out_path):
                 def make(cfg):
                     return lambda: cs.backward(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), M, N, "bfloat16", 1.0,
                                                False, 0, stream, config=cfg)
-            def make_pf(entry, make=make):  # (config, PREFETCH_WAVES): the L2 prefetch distance in waves
-                cfg, waves = entry
-
-                def run():
-                    cs.PREFETCH_WAVES = waves
-                    make(cfg)()
-                return run
-            entries = [(cfg, w) for cfg in candidates(N, direction) for w in PREFETCH_WAVES
-                       if w == PREFETCH_WAVES[0] or N >= cs.PREFETCH_MIN_N]
-            sweep_configs(timer, copy, f"{direction} N={N}", entries, make_pf,
+            sweep_configs(timer, copy, f"{direction} N={N}", candidates(N, direction), make,
                           (4 if direction == "fwd" else 6) * M * N, results, direction=direction, N=N)
         del x, y, dy, dx
         torch.cuda.empty_cache()

@@ -212,37 +212,14 @@ def clusters_ok(device: int) -> bool:
 _logged: set = set()
 
 
-def _log_config(op, expr, grid, block, ahead):
+def _log_config(op, expr, grid, block):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
-        _env.debug(1, f"{op}: {expr} grid={grid} block={block} L2 prefetch {ahead} rows ahead")
+        _env.debug(1, f"{op}: {expr} grid={grid} block={block}")
 
 
-FWD_CODES = "pppqifqqqqqqqqiqqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3), ahead
-BWD_CODES = "pppqifq"  # dy, y, dx, M, N, scale, ahead
-
-# Long rows: each CTA asks the L2 for its chunk of the row `ahead` rows later (prefetch_chunk_l2 in
-# cuda/softmax.cu), ahead = PREFETCH_WAVES x the rows resident at once, so the DRAM reads the next wave
-# while this one reduces and stores (the CTAs of a wave of long rows run in lockstep). Rows of at least
-# PREFETCH_MIN_N elements (shorter rows run many CTAs per SM in all phases at once); PREFETCH_WAVES = 0
-# turns it off (tools/sweep_softmax.py compares).
-PREFETCH_MIN_N = 32768
-PREFETCH_WAVES = 1.0
-
-
-def _ahead(cfg, expr, fn, block, rpb, per_row, N, device) -> int:
-    """The prefetch distance in rows for a launch plan (0: none)."""
-    if N < PREFETCH_MIN_N or not PREFETCH_WAVES or cfg[0] == "looped":
-        return 0
-    import cupy
-    from .._jit import get_kernel
-    from ._common import blocks_per_sm, sm_count
-    if per_row > 1:
-        with cupy.cuda.Device(device):
-            rows = fn.cluster.max_active_clusters(block)
-    else:
-        rows = blocks_per_sm(get_kernel(FILE, expr, device), expr, device, block[0] * block[1], 0) * sm_count(device) * rpb
-    return int(rows * PREFETCH_WAVES)
+FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
+BWD_CODES = "pppqif"
 
 _fwd_plans: dict = {}
 
@@ -255,20 +232,17 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     s, os_ = ITEMSIZE[x_dt], ITEMSIZE[o_dt]
     mcol = mask_args[-1]
     max_vec = align_elems(((x, s), (y, os_), (mask if mcol else 0, 1)))
-    key = (N, x_dt, o_dt, log, masking, device, config, max_vec, PREFETCH_WAVES)
+    key = (N, x_dt, o_dt, log, masking, device, config, max_vec)
     plan = _fwd_plans.get(key)
     if plan is None:
         cfg = config or fwd_config(N, s, clusters_ok(device), max_vec)
         expr = fwd_expr(cfg, x_dt, o_dt, log, masking)
         block, rpb, per_row = _geometry(cfg)
-        fn = launcher(FILE, expr, FWD_CODES, device, per_row)
-        ahead = _ahead(cfg, expr, fn, block, rpb, per_row, N, device) if masking == MASK_NONE else 0
-        _log_config("softmax_fwd", expr, f"rows/{rpb}*{per_row}", block, ahead)
-        plan = _fwd_plans[key] = (fn, block, rpb, per_row, ahead)
-    fn, block, rpb, per_row, ahead = plan
+        _log_config("softmax_fwd", expr, f"rows/{rpb}*{per_row}", block)
+        plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device, per_row), block, rpb, per_row)
+    fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
-        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args),
-           ahead)
+        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
 
 
 _bwd_plans: dict = {}
@@ -278,19 +252,17 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
     """dx from dy and the forward's output y (all of dtype dt)."""
     s = ITEMSIZE[dt]
     max_vec = align_elems(((dy, s), (y, s), (dx, s)))
-    key = (N, dt, log, device, config, max_vec, PREFETCH_WAVES)
+    key = (N, dt, log, device, config, max_vec)
     plan = _bwd_plans.get(key)
     if plan is None:
         cfg = config or bwd_config(N, s, clusters_ok(device), max_vec)
         expr = bwd_expr(cfg, dt, log)
         block, rpb, per_row = _geometry(cfg)
-        fn = launcher(FILE, expr, BWD_CODES, device, per_row)
-        ahead = _ahead(cfg, expr, fn, block, rpb, per_row, N, device)
-        _log_config("softmax_bwd", expr, f"rows/{rpb}*{per_row}", block, ahead)
-        plan = _bwd_plans[key] = (fn, block, rpb, per_row, ahead)
-    fn, block, rpb, per_row, ahead = plan
+        _log_config("softmax_bwd", expr, f"rows/{rpb}*{per_row}", block)
+        plan = _bwd_plans[key] = (launcher(FILE, expr, BWD_CODES, device, per_row), block, rpb, per_row)
+    fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
-        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale, ahead)
+        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
 
 
 def all_expressions():
