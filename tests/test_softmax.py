@@ -458,8 +458,9 @@ def test_configs():
                     assert c == 1 or clusters
                     assert N % vec == 0 and items * vec <= 64
                     assert c * 32 * warps * items * vec >= N, (N, cfg)
-    assert cs.fwd_config(262144, 2)[0] == "cluster" and cs.fwd_config(65536, 2)[0] == "cluster"
+    assert cs.fwd_config(262144, 2)[0] == "cluster" and cs.fwd_config(65536, 4)[0] == "cluster"
     assert cs.bwd_config(262144, 2)[0] == "cluster"
+    assert cs.fwd_config(262144, 2, clusters=False)[0] == "looped"  # the tuned cluster of 16 needs clusters
 
 
 # ------------------------------------------------------------------------------------------------
@@ -531,6 +532,24 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
         dxl = fk.log_softmax_backward(DY, fk.log_softmax(X))
         assert_rows(dxl, grad64(x, dy, 1.0, True), dtype, "log dx")
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_cluster_not_resident_falls_back(monkeypatch):
+    """A cluster config that cannot be resident (the tuned 16 CTAs at 262144 on a partitioned GPU) gives
+    way to the portable rule, then to no clusters: here, none can be resident, so the looped kernels."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cs, "_fwd_plans", {})
+    monkeypatch.setattr(cs, "_bwd_plans", {})
+    monkeypatch.setattr(cs, "_resident_clusters", lambda fn, block, device: 0)
+    rng = rng_for("fallback")
+    x, dy = rand(rng, (3, 262144), "bfloat16", scale=2.0), rand(rng, (3, 262144), "bfloat16")
+    y = fk.softmax(to_backend(x, "torch"))
+    assert_rows(y, softmax64(x, 1.0), "bfloat16", "y")
+    p, g = softmax64(x, 1.0), dy.astype(np.float64)
+    assert_rows(fk.softmax_backward(to_backend(dy, "torch"), y), p * (g - (g * p).sum(-1, keepdims=True)),
+                "bfloat16", "dx")
+    assert [plan[3] for plan in cs._fwd_plans.values()] == [1] and [plan[3] for plan in cs._bwd_plans.values()] == [1]
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
 vectors per thread), clusters (C CTAs x warps x vectors) and the looped kernel, forward and backward.
 
-    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144)
+    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144;
+                                                    SWEEP_MIN_ITEMS=4 leaves out thin splits)
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_BWD (rows) or its rule.
@@ -16,6 +17,9 @@ from fusedkit.backends import cuda_softmax as cs
 from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
 
 
+MIN_ITEMS = int(os.environ.get("SWEEP_MIN_ITEMS", "1"))  # e.g. 4: leave out the thin splits (slow everywhere)
+
+
 def candidates(N, direction):
     vec = 8
     nv = N // vec
@@ -25,7 +29,7 @@ def candidates(N, direction):
         for warps in (1, 2, 4, 8, 16, 32):
             for items in (1, 2, 4, 8):
                 cap = c * 32 * warps * items
-                if items > max_items or not cap >= nv > cap // 2:
+                if items > max_items or items < MIN_ITEMS or not cap >= nv > cap // 2:
                     continue
                 if c > 1 and nv < 2048:      # clusters only for long rows
                     continue

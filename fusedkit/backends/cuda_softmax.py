@@ -28,14 +28,18 @@ FILE = "softmax.cu"
 MAX_ITEMS_FWD = {2: 8, 4: 6}  # by itemsize: 8 x 16 B of bf16/fp16; fp32 rows of 8 x 16 B spilled (masked, 64 regs)
 MAX_ITEMS_BWD = 4
 MAX_WARPS = 16
-CLUSTERS = (2, 4, 8)       # portable cluster sizes
+CLUSTERS = (2, 4, 8)       # portable cluster sizes (the rule's; TUNED_FWD may name 16)
 LOOPED_THREADS = 512       # kSoftmaxLoopedThreads in cuda/softmax.cu
 
-# Tuned (items, warps) per (N, itemsize) of the forward: tools/sweep_softmax.py on the H200, bf16
-# (sweep_softmax_2026-12-03T1448Z.json): at 4096 two warps x 8 vectors read 0.949 of copy against 0.889
-# for the rule's 8 warps x 2 (4 x 4: 0.942); at 8192 4 x 8 (0.940) and 8 x 4 (0.945) are within noise;
-# at 1024 and 16384 the rule's configs won.
-TUNED_FWD: dict = {(4096, 2): (8, 2), (8192, 2): (4, 8)}
+# Tuned configs (without vec) per (N, itemsize): ("rows", items, warps) or ("cluster", items, warps, C);
+# tools/sweep_softmax.py on the H200, bf16, fraction of copy. sweep_softmax_2026-12-03T1448Z.json: at
+# 4096 two warps x 8 vectors read 0.949 against 0.889 for the rule's 8 warps x 2 (4 x 4: 0.942); at 8192
+# 4 x 8 (0.940) and 8 x 4 (0.945) are within noise; at 1024 and 16384 the rule's configs won.
+# sweep_softmax_clusters16_2026-12-04T1147Z.json: at 65536 one 1024-thread CTA per row (8 vectors a
+# thread, one CTA per SM) 0.866 against 0.824 for the rule's cluster of two 512-thread CTAs; at 262144
+# a cluster of 16 CTAs of 256 threads 0.777 against 0.736 for 8 x 512. The backward's rule won.
+TUNED_FWD: dict = {(4096, 2): ("rows", 8, 2), (8192, 2): ("rows", 4, 8), (65536, 2): ("rows", 8, 32),
+                   (262144, 2): ("cluster", 8, 8, 16)}
 TUNED_BWD: dict = {}
 
 # MASKING template values (cuda/softmax.cu)
@@ -45,8 +49,8 @@ MASK_NONE, MASK_CAUSAL, MASK_TENSOR, MASK_BOTH = 0, 1, 2, 3
 def _rule(N, itemsize, max_items, clusters, max_vec, tuned):
     vec = vec_width(N, itemsize, max_vec)
     t = tuned.get((N, itemsize))
-    if t is not None and vec == vec_width(N, itemsize):
-        return ("rows", vec) + tuple(t)
+    if t is not None and vec == vec_width(N, itemsize) and (t[0] == "rows" or clusters):
+        return (t[0], vec) + tuple(t[1:])
     nv = N // vec
     sizes = (1,) + tuple(clusters)
 
@@ -221,6 +225,27 @@ def _log_config(op, expr, grid, block):
 FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
 
+def _launch_plan(op, cfg, expr_of, codes, device, rule):
+    """(Launcher, block, rows per block, CTAs per row) of ``cfg``. A cluster that cannot be resident here
+    (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer) gives way to the
+    untuned rule's config with portable clusters (``rule(CLUSTERS)``), then to the one without
+    clusters (``rule(())``)."""
+    for c in (cfg, rule(CLUSTERS), rule(())):
+        block, rpb, per_row = _geometry(c)
+        fn = launcher(FILE, expr_of(c), codes, device, per_row)
+        if per_row == 1 or _resident_clusters(fn, block, device) > 0:
+            _log_config(op, expr_of(c), f"rows/{rpb}*{per_row}", block)
+            return fn, block, rpb, per_row
+        _env.debug(1, f"{op}: {expr_of(c)} cannot be resident here; trying the next config")
+    raise AssertionError("unreachable: the last config has no cluster")
+
+
+def _resident_clusters(fn, block, device) -> int:
+    import cupy
+    with cupy.cuda.Device(device):
+        return fn.cluster.max_active_clusters(block)
+
+
 _fwd_plans: dict = {}
 
 
@@ -236,10 +261,9 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     plan = _fwd_plans.get(key)
     if plan is None:
         cfg = config or fwd_config(N, s, clusters_ok(device), max_vec)
-        expr = fwd_expr(cfg, x_dt, o_dt, log, masking)
-        block, rpb, per_row = _geometry(cfg)
-        _log_config("softmax_fwd", expr, f"rows/{rpb}*{per_row}", block)
-        plan = _fwd_plans[key] = (launcher(FILE, expr, FWD_CODES, device, per_row), block, rpb, per_row)
+        plan = _fwd_plans[key] = _launch_plan(
+            "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking), FWD_CODES, device,
+            lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}))
     fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
         fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
@@ -256,10 +280,9 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
     plan = _bwd_plans.get(key)
     if plan is None:
         cfg = config or bwd_config(N, s, clusters_ok(device), max_vec)
-        expr = bwd_expr(cfg, dt, log)
-        block, rpb, per_row = _geometry(cfg)
-        _log_config("softmax_bwd", expr, f"rows/{rpb}*{per_row}", block)
-        plan = _bwd_plans[key] = (launcher(FILE, expr, BWD_CODES, device, per_row), block, rpb, per_row)
+        plan = _bwd_plans[key] = _launch_plan(
+            "softmax_bwd", cfg, lambda c: bwd_expr(c, dt, log), BWD_CODES, device,
+            lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}))
     fn, block, rpb, per_row = plan
     if M > 0 and N > 0:
         fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
