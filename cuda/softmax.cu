@@ -20,6 +20,8 @@
 // per-CTA mapping. The CTA's (k, s) is merged across the cluster through distributed shared memory
 // (common/cluster.cuh: each CTA st.async-stores its (k, s) into every CTA's mailbox, a butterfly over C
 // lanes in rank order), so every CTA gets identical statistics. 262144 bf16 = 8 CTAs x 512 threads x 64 elements; 65536 = 2 x 512 x 64.
+// Long rows, unmasked, on sm_90 (softmax_fwd_staged): the same mappings in a persistent grid, each CTA's
+// chunk of the next row arriving by a bulk copy into shared memory while it works on the current one.
 // Rows that fit neither (or GPUs without clusters) use softmax_fwd_looped: one row per 512-thread
 // block, an online (m, s) pass over global memory, then a second pass that re-reads x (mostly from L2)
 // and writes y: 6MN bytes; correct for any N.
@@ -66,6 +68,7 @@
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
 #include "common/fastdiv.cuh"
+#include "common/bulk.cuh"
 
 namespace fk {
 
@@ -404,11 +407,26 @@ __device__ __forceinline__ void mask_to_neg_inf(Vec<T, VEC> (&raw)[ITEMS], unsig
   }
 }
 
+// How a CTA's statistics of its part of a row become the row's (an identity without a cluster).
+// OneShotMerge: one row per cluster (softmax_fwd_cluster): cluster_merge (common/cluster.cuh), then the
+// arrive of the closing cluster barrier (the kernel waits on it before it exits).
+template <int CLUSTER>
+struct OneShotMerge {
+  StatsBox<CLUSTER>* box;
+  __device__ __forceinline__ MaxSum operator()(MaxSum st) const {
+    if constexpr (CLUSTER > 1) {
+      st = cluster_merge<CLUSTER>(st, box);
+      cluster_arrive();
+    }
+    return st;
+  }
+};
+
 // Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
 __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
                                                    O* __restrict__ y, long long base, bool row_ok, int v0,
-                                                   int vend, float c, StatsBox<CLUSTER>* box) {
+                                                   int vend, float c, const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
@@ -421,11 +439,7 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
         s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
 
   int parity = 0;  // one reduction per row slot
-  MaxSum st = row_merge<WARPS>(MaxSum{k, s}, parity);
-  if constexpr (CLUSTER > 1) {
-    st = cluster_merge<CLUSTER>(st, box);
-    cluster_arrive();  // the closing barrier (the kernel waits on it before it exits)
-  }
+  const MaxSum st = merge(row_merge<WARPS>(MaxSum{k, s}, parity));
   if (!row_ok) return;
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
@@ -462,11 +476,13 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   if constexpr (MASKING != 0) {
     if (c > 0.f) {  // uniform over the launch
       mask_to_neg_inf<T, VEC, ITEMS>(raw, bits);
-      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, 0>(raw, 0ull, y, base, row_ok, v0, vend, c, box);
+      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, base, row_ok, v0, vend, c,
+                                                          OneShotMerge<CLUSTER>{box});
       return;
     }
   }
-  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c, box);
+  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c,
+                                                            OneShotMerge<CLUSTER>{box});
 }
 
 // The fast-division parameters (sq_div ... n3_div: fast_div() of sq, n1, n2, n3 in cuda_softmax.py) come
@@ -502,6 +518,92 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
   softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &box);
   cluster_wait();  // no CTA exits before every CTA is done with the merge
+}
+
+// Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
+// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters). Its chunk of the next
+// row arrives by one bulk copy into shared memory while it reduces and writes the current one from
+// registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
+// register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues the next row's copy,
+// and the statistics, merge and output run as in softmax_fwd_finish. Without it, the CTAs of a wave
+// load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87 of copy at 65536).
+// Cluster merge per row: a two-slot ClusterMailbox (common/cluster.cuh), step k = the k-th row: a CTA
+// sends step k + 1 only after the block barrier of row k + 1, which follows every thread's use of step
+// k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
+// memory = ceil(N / VEC / CLUSTER) x 16 bytes.
+template <int CLUSTER>
+struct StepMerge {
+  ClusterMailbox<float4, CLUSTER, 2>* box;
+  int step, rank;
+  __device__ __forceinline__ MaxSum operator()(MaxSum st) const {
+    if constexpr (CLUSTER > 1) {
+      if (threadIdx.x == 0) box->send_all(StatsOps<MaxSum>::pack(st), step, rank);
+      st = merge_ranks<CLUSTER, MaxSum>(box->receive(step));
+      if (threadIdx.x == 0) box->rearm(step);
+    }
+    return st;
+  }
+};
+
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
+  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
+  constexpr int T_ROW = 32 * WARPS;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char softmax_stage[];
+  __shared__ unsigned long long bar;
+  __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
+  const long long G = gridDim.x / CLUSTER;
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  const unsigned bytes = (unsigned)(vend - v0) * 16u;
+  const V* stage = reinterpret_cast<const V*>(softmax_stage);
+  const StageRing ring(&bar, 1);
+  long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
+  if (threadIdx.x == 0) {
+    ring.init();
+    if constexpr (CLUSTER > 1) box.init();
+    if (bytes > 0) {
+      ring.expect(0, bytes);
+      bulk_load(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
+  }
+  __syncthreads();  // the barrier's init is visible
+  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
+    cluster_arrive();
+    cluster_wait();
+  }
+  const float c = __fmul_rn(scale, kLog2e);
+  unsigned phase = 0;
+  for (int step = 0; row < M; row += G, ++step) {
+    if (bytes > 0) {
+      ring.wait(0, phase);
+      phase ^= 1u;
+    }
+    V raw[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = v0 + threadIdx.x + i * T_ROW;
+      if (v < vend) {
+        raw[i] = stage[v - v0];
+      } else {
+        vec_zero(raw[i]);
+      }
+    }
+    __syncthreads();  // the stage is read: refill it with the next row's chunk
+    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
+      ring.expect(0, bytes);
+      bulk_load(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
+                                                        StepMerge<CLUSTER>{&box, step, rank});
+  }
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
+    cluster_arrive();
+    cluster_wait();
+  }
 }
 
 // Rows too long for registers: one row per block, two passes over global memory.

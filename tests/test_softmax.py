@@ -535,6 +535,32 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("N, cfg, max_grid", [
+    (65536, ("staged", 8, 8, 32, 1), None),      # one CTA per row, rows walked by the resident grid
+    (65536, ("staged", 8, 8, 32, 1), 2),         # two CTAs walk 3 rows each
+    (65544, ("staged", 8, 8, 32, 2), 2),         # cluster of 2, last chunk partial, 3 rows per cluster
+    (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
+    (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
+], ids=str)
+def test_staged_forward(monkeypatch, N, cfg, max_grid):
+    """The persistent staged forward (a bulk copy of the next row's chunk per CTA) against the float64
+    reference: softmax with a scale, log-softmax, fp32 output; grids that make each CTA walk rows."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: cfg)
+    monkeypatch.setattr(cs, "_fwd_plans", {})
+    monkeypatch.setattr(cs, "STAGED_MAX_GRID", max_grid)
+    rng = rng_for("staged", N, cfg, max_grid)
+    x = rand(rng, (2, 3, N), "bfloat16", scale=2.0)
+    x[0, 1, :5] += 1e4  # an offset row
+    X = to_backend(x, "torch")
+    assert_rows(fk.softmax(X, scale=0.5), softmax64(x, 0.5), "bfloat16", "y")
+    assert_close(fk.log_softmax(X), log_softmax64(x), "bfloat16", "log_softmax")
+    assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", "y fp32")
+    assert all(plan[5] is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_cluster_not_resident_falls_back(monkeypatch):
     """A cluster config that cannot be resident (the tuned 16 CTAs at 262144 on a partitioned GPU) gives
     way to the portable rule, then to no clusters: here, none can be resident, so the looped kernels."""

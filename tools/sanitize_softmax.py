@@ -1,7 +1,7 @@
 """Small softmax calls covering every kernel kind once (register rows with several rows per block and
 with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
 causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
-fp16, fp32 and an fp32 output), for compute-sanitizer memcheck / racecheck / synccheck. CuPy arrays (no
+fp16, fp32 and an fp32 output; the persistent staged forward), for compute-sanitizer memcheck / racecheck / synccheck. CuPy arrays (no
 bf16: the 16-bit paths are shared with fp16). Exits non-zero on a wrong result.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_softmax.py
@@ -71,8 +71,19 @@ for dtype, shape in CASES:
         for name, m, causal in (("mask", m_col, False), ("row mask", m_row, False), ("mask+causal", m_col, True)):
             y = fk.softmax(X, mask=cupy.asarray(m), causal=causal)
             check(f"{name} {dtype} {shape}", y, ref.softmax(x, mask=m, causal=causal), tol)
+# the persistent staged forward: each CTA walks several rows (grid capped), a partial last chunk, a
+# cluster of 16 whose last CTA holds nothing
+cs.STAGED_MAX_GRID = 2
+real_fwd_config = cs.fwd_config
+for shape, cfg in (((5, 65536), ("staged", 8, 8, 32, 1)), ((5, 65544), ("staged", 8, 8, 32, 2)),
+                   ((5, 800), ("staged", 8, 1, 1, 16))):
+    cs.fwd_config, cs._fwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
+    x = (rng.standard_normal(shape) * 2).astype("float16")
+    check(f"staged softmax {cfg} {shape}", fk.softmax(cupy.asarray(x), scale=0.5), ref.softmax(x, scale=0.5), 4e-3)
+    seen.add("staged")
+cs.fwd_config, cs._fwd_plans, cs.STAGED_MAX_GRID = real_fwd_config, {}, None
 cupy.cuda.Device().synchronize()
-if seen != {"rows", "cluster", "looped"}:
+if seen != {"rows", "cluster", "looped", "staged"}:
     print("kernel kinds covered:", sorted(seen), "(clusters need sm_90)")
 print("sanitize_softmax:", "ok" if ok else "FAILED")
 raise SystemExit(0 if ok else 1)

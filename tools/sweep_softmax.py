@@ -34,6 +34,13 @@ def candidates(N, direction):
                 if c > 1 and nv < 2048:      # clusters only for long rows
                     continue
                 out.append(("rows", vec, items, warps) if c == 1 else ("cluster", vec, items, warps, c))
+    if direction == "fwd" and N >= 32768:  # the persistent staged forward (chunk <= 200 KB of shared memory)
+        for c in (1, 2, 4, 8, 16):
+            for warps in (8, 16, 32):
+                for items in (4, 8):
+                    cap = c * 32 * warps * items
+                    if items >= MIN_ITEMS and cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
+                        out.append(("staged", vec, items, warps, c))
     return out + [("looped", vec)]
 
 

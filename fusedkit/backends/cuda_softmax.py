@@ -7,6 +7,9 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 * ``("cluster", vec, items, warps, C)``: sm_90+, a thread-block cluster of C CTAs per row (launched with
   a cluster attribute; C = 16 is the non-portable size, opted in per kernel), each CTA holding a
   contiguous chunk in registers; statistics merged through distributed shared memory.
+* ``("staged", vec, items, warps, C)``: sm_90, unmasked forward only: the register mapping of
+  ``cluster`` (C = 1: a CTA per row) in a persistent grid, each CTA's chunk of the next row arriving by a
+  bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -41,6 +44,11 @@ LOOPED_THREADS = 512       # kSoftmaxLoopedThreads in cuda/softmax.cu
 TUNED_FWD: dict = {(4096, 2): ("rows", 8, 2), (8192, 2): ("rows", 4, 8), (65536, 2): ("rows", 8, 32),
                    (262144, 2): ("cluster", 8, 8, 16)}
 TUNED_BWD: dict = {}
+# The staged forward (unmasked, sm_90, 16-byte vectors): (items, warps, C) per (N, itemsize); takes
+# precedence over TUNED_FWD where it applies. STAGED_MAX_GRID (tests) caps its grid in clusters, so a
+# cluster walks several rows.
+TUNED_STAGED_FWD: dict = {(65536, 2): (8, 32, 1), (262144, 2): (8, 32, 4)}
+STAGED_MAX_GRID = None
 
 # MASKING template values (cuda/softmax.cu)
 MASK_NONE, MASK_CAUSAL, MASK_TENSOR, MASK_BOTH = 0, 1, 2, 3
@@ -71,9 +79,14 @@ def _rule(N, itemsize, max_items, clusters, max_vec, tuned):
     return ("looped", vec)
 
 
-def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
+def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, staged: bool = False):
     """Forward launch config for rows of N elements; ``clusters``: the device has thread-block
-    clusters (sm_90+); ``max_vec``: the pointers' alignment in elements (align_elems)."""
+    clusters (sm_90+); ``max_vec``: the pointers' alignment in elements (align_elems); ``staged``: the
+    call may take the staged kernel (unmasked, sm_90)."""
+    t = TUNED_STAGED_FWD.get((N, itemsize))
+    vec = vec_width(N, itemsize, max_vec)
+    if staged and clusters and t is not None and vec * itemsize == 16:
+        return ("staged", vec) + tuple(t)
     return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, TUNED_FWD)
 
 
@@ -98,6 +111,10 @@ def fwd_expr(cfg, x_dt, o_dt, log, masking) -> str:
     if cfg[0] == "cluster":
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
+    if cfg[0] == "staged":
+        assert masking == MASK_NONE, "the staged forward has no masks"
+        vec, items, warps, c = cfg[1:5]
+        return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
     return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
 
 
@@ -118,9 +135,14 @@ def _geometry(cfg):
         warps = cfg[3]
         rpb = rows_per_block(warps)
         return (32 * warps, rpb), rpb, 1
-    if cfg[0] == "cluster":
+    if cfg[0] in ("cluster", "staged"):
         return (32 * cfg[3], 1), 1, cfg[4]
     return (LOOPED_THREADS, 1), 1, 1
+
+
+def staged_smem(cfg, N) -> int:
+    """Dynamic shared memory of a staged config: a CTA's chunk of the row, whole 16-byte vectors."""
+    return -(-(N // cfg[1]) // cfg[4]) * 16
 
 
 def _grid(M, rpb, per_row) -> int:
@@ -224,26 +246,43 @@ def _log_config(op, expr, grid, block):
 
 FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
+STAGED_CODES = "ppqif"  # x, y, M, N, scale
 
-def _launch_plan(op, cfg, expr_of, codes, device, rule):
-    """(Launcher, block, rows per block, CTAs per row) of ``cfg``. A cluster that cannot be resident here
-    (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer) gives way to the
-    untuned rule's config with portable clusters (``rule(CLUSTERS)``), then to the one without
-    clusters (``rule(())``)."""
+def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
+    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
+    grid cap (resident clusters) only for the persistent staged kernel, else None. A config that cannot
+    be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
+    staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
+    (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``)."""
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
-        fn = launcher(FILE, expr_of(c), codes, device, per_row)
-        if per_row == 1 or _resident_clusters(fn, block, device) > 0:
-            _log_config(op, expr_of(c), f"rows/{rpb}*{per_row}", block)
-            return fn, block, rpb, per_row
-        _env.debug(1, f"{op}: {expr_of(c)} cannot be resident here; trying the next config")
+        expr = expr_of(c)
+        if c[0] == "staged":
+            from .._jit import get_kernel
+            from ._common import blocks_per_sm, sm_count
+            smem = staged_smem(c, N)
+            try:
+                per_sm = blocks_per_sm(get_kernel(FILE, expr, device), expr, device, block[0], smem)  # + opt-in
+            except RuntimeError:
+                per_sm = 0
+            fn = launcher(FILE, expr, STAGED_CODES, device, per_row)
+            cap = per_sm * sm_count(device) if per_row == 1 or not per_sm else _resident_clusters(fn, block, device, smem)
+            if cap > 0:
+                _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
+                return fn, block, rpb, per_row, smem, cap
+        else:
+            fn = launcher(FILE, expr, codes, device, per_row)
+            if per_row == 1 or _resident_clusters(fn, block, device) > 0:
+                _log_config(op, expr, f"rows/{rpb}*{per_row}", block)
+                return fn, block, rpb, per_row, 0, None
+        _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
 
 
-def _resident_clusters(fn, block, device) -> int:
+def _resident_clusters(fn, block, device, smem: int = 0) -> int:
     import cupy
     with cupy.cuda.Device(device):
-        return fn.cluster.max_active_clusters(block)
+        return fn.cluster.max_active_clusters(block, smem)
 
 
 _fwd_plans: dict = {}
@@ -260,13 +299,17 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     key = (N, x_dt, o_dt, log, masking, device, config, max_vec)
     plan = _fwd_plans.get(key)
     if plan is None:
-        cfg = config or fwd_config(N, s, clusters_ok(device), max_vec)
+        cfg = config or fwd_config(N, s, clusters_ok(device), max_vec, staged=masking == MASK_NONE)
         plan = _fwd_plans[key] = _launch_plan(
             "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking), FWD_CODES, device,
-            lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}))
-    fn, block, rpb, per_row = plan
+            lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
+    fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:
-        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
+        if cap is None:
+            fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale,
+               *_fwd_mask_args(mask_args))
+        else:  # the persistent staged kernel: at most one cluster per row
+            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), x, y, M, N, scale)
 
 
 _bwd_plans: dict = {}
@@ -282,8 +325,8 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
         cfg = config or bwd_config(N, s, clusters_ok(device), max_vec)
         plan = _bwd_plans[key] = _launch_plan(
             "softmax_bwd", cfg, lambda c: bwd_expr(c, dt, log), BWD_CODES, device,
-            lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}))
-    fn, block, rpb, per_row = plan
+            lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N)
+    fn, block, rpb, per_row = plan[:4]
     if M > 0 and N > 0:
         fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
 
@@ -304,10 +347,12 @@ def all_expressions():
                     if log and N not in (7, 1024, 4096, 65536, 262144):
                         continue
                     exprs.add(fwd_expr(fc, dt, dt, log, MASK_NONE))
+                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, dt, log, MASK_NONE))
                     exprs.add(bwd_expr(bwd_config(N, s, clusters), dt, log))
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
                         exprs.add(fwd_expr(fc, dt, dt, False, masking))
                 if N in (781, 4096, 65536) and dt != "float32":
                     exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE))
+                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, "float32", False, MASK_NONE))
     return {FILE: sorted(exprs)}
