@@ -46,8 +46,11 @@ TUNED_FWD: dict = {(4096, 2): ("rows", 8, 2), (8192, 2): ("rows", 4, 8), (65536,
 TUNED_BWD: dict = {}
 # The staged forward (unmasked, sm_90, 16-byte vectors): (items, warps, C) per (N, itemsize); takes
 # precedence over TUNED_FWD where it applies. STAGED_MAX_GRID (tests) caps its grid in clusters, so a
-# cluster walks several rows.
-TUNED_STAGED_FWD: dict = {(65536, 2): (8, 32, 1), (262144, 2): (8, 32, 4)}
+# cluster walks several rows. sweep_softmax_staged_2026-12-04T1201Z.json (bf16, fraction of copy): at
+# 262144 a cluster of 8 x 512 threads reads 0.821 (the same split without staging 0.736, the best
+# register config 0.777); at 65536 the best staged split, 2 x 512 threads, 0.825, lost to one
+# register CTA per row (0.866), so 65536 keeps that.
+TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 STAGED_MAX_GRID = None
 
 # MASKING template values (cuda/softmax.cu)
