@@ -129,11 +129,21 @@ __device__ __forceinline__ RowMask row_mask(long long row, int N, const MaskPara
     rm.limit = divmod_row(r, mp.sq, mp.sq_div) + N - mp.sq;
   }
   if constexpr ((MASKING & 2) != 0) {
-    long long r = row, off = 0;
-    if (mp.n3 > 1) off += divmod_row(r, mp.n3, mp.n3_div) * mp.s3;
-    if (mp.n2 > 1) off += divmod_row(r, mp.n2, mp.n2_div) * mp.s2;
-    if (mp.n1 > 1) off += divmod_row(r, mp.n1, mp.n1_div) * mp.s1;
-    off += r * mp.s0;
+    long long off = 0;
+    if ((unsigned long long)row >> 32 == 0) {
+      // one test per row, then 32-bit quotients throughout (each below the row); a dim of size 1 has
+      // the multiplier of 1 (q = r), so no test per dim either: 3 multiply-highs and 3 wide multiply-adds
+      unsigned r = (unsigned)row;
+      const unsigned q3 = mp.n3_div.div(r), q2 = mp.n2_div.div(q3), q1 = mp.n1_div.div(q2);
+      off = (long long)(r - q3 * (unsigned)mp.n3) * mp.s3 + (long long)(q3 - q2 * (unsigned)mp.n2) * mp.s2 +
+            (long long)(q2 - q1 * (unsigned)mp.n1) * mp.s1 + (long long)q1 * mp.s0;
+    } else {
+      long long r = row;
+      if (mp.n3 > 1) off += divmod_row(r, mp.n3, mp.n3_div) * mp.s3;
+      if (mp.n2 > 1) off += divmod_row(r, mp.n2, mp.n2_div) * mp.s2;
+      if (mp.n1 > 1) off += divmod_row(r, mp.n1, mp.n1_div) * mp.s1;
+      off += r * mp.s0;
+    }
     if (mp.mcol) {
       rm.bytes = mp.mask + off;
     } else {
@@ -239,7 +249,7 @@ __device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEM
       for (int i = i0; i < i0 + CHUNK && i < ITEMS; ++i) {  // the loads
         const int v = v0 + threadIdx.x + i * T_ROW;
         const long long c0 = (long long)v * VEC;
-        const int k = visible_cols<VEC>(rm.limit, c0);
+        const int k = (MASKING & 1) != 0 ? visible_cols<VEC>(rm.limit, c0) : VEC;  // causal limit only
         if (v < vend && k > 0) {
           raw[i] = load_vec<T, VEC>(xrow + c0);
         } else {

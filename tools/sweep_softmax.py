@@ -1,7 +1,7 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
 vectors per thread), clusters (C CTAs x warps x vectors) and the looped kernel, forward and backward.
 
-    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it; SWEEP_NS=65536,262144;
+    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it, masked: the masked forward at N = Sq; SWEEP_NS=65536,262144;
                                                     SWEEP_MIN_ITEMS=4 leaves out thin splits)
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
@@ -57,6 +57,17 @@ def main(out_path):
         dy = torch.randn(M, N, device="cuda").bfloat16()
         dx = torch.empty_like(x)
         for direction in os.environ.get("SWEEP_DIRS", "fwd,bwd").split(","):
+            if direction == "masked":  # the benchmark's masked forward: (B, 16, Sq, N) scores, (B, 1, Sq, N) mask
+                B = M // (16 * N)
+                hide = torch.rand(B, 1, N, N, device="cuda") < 0.2
+                args = (1,) + cs.mask_layout((B, 16, N, N), tuple(hide.shape))
+
+                def make(cfg, hide=hide, args=args):
+                    return lambda: cs.forward(x.data_ptr(), hide.data_ptr(), y.data_ptr(), M, N, "bfloat16",
+                                              "bfloat16", 1.0, False, cs.MASK_TENSOR, args, 0, stream, config=cfg)
+                sweep_configs(timer, copy, f"masked N={N}", candidates(N, "fwd"), make,
+                              4 * M * N + hide.numel(), results, direction=direction, N=N)
+                continue
             if direction == "fwd":
                 def make(cfg):
                     return lambda: cs.forward(x.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0,
