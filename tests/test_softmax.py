@@ -450,17 +450,21 @@ def test_configs():
     for itemsize in (2, 4):
         for N in (1, 7, 781, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 65537, 1 << 20):
             for clusters in (True, False):
-                for cfg in (cs.fwd_config(N, itemsize, clusters), cs.bwd_config(N, itemsize, clusters)):
+                for cfg in (cs.fwd_config(N, itemsize, clusters), cs.bwd_config(N, itemsize, clusters),
+                            cs.fwd_config(N, itemsize, clusters, masked=True),
+                            cs.fwd_config(N, itemsize, clusters, staged=True)):
                     if cfg[0] == "looped":
                         continue
                     vec, items, warps = cfg[1:4]
-                    c = cfg[4] if cfg[0] == "cluster" else 1
+                    c = cfg[4] if cfg[0] in ("cluster", "staged") else 1
                     assert c == 1 or clusters
                     assert N % vec == 0 and items * vec <= 64
                     assert c * 32 * warps * items * vec >= N, (N, cfg)
     assert cs.fwd_config(262144, 2)[0] == "cluster" and cs.fwd_config(65536, 4)[0] == "cluster"
     assert cs.bwd_config(262144, 2)[0] == "cluster"
     assert cs.fwd_config(262144, 2, clusters=False)[0] == "looped"  # the tuned cluster of 16 needs clusters
+    assert cs.fwd_config(1024, 2, masked=True) == ("rows", 8, 4, 1) != cs.fwd_config(1024, 2)
+    assert cs.fwd_config(262144, 2, staged=True, masked=True)[0] == "cluster"  # the staged kernel has no masks
 
 
 # ------------------------------------------------------------------------------------------------

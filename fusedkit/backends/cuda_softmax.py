@@ -44,6 +44,11 @@ LOOPED_THREADS = 512       # kSoftmaxLoopedThreads in cuda/softmax.cu
 TUNED_FWD: dict = {(4096, 2): ("rows", 8, 2), (8192, 2): ("rows", 4, 8), (65536, 2): ("rows", 8, 32),
                    (262144, 2): ("cluster", 8, 8, 16)}
 TUNED_BWD: dict = {}
+# The masked forwards' own (causal, tensor mask or both): a mask costs per-row work (the row's mask
+# offset, three multiply-highs) that more elements per thread amortize. sweep_softmax_masked_2026-12-04T1207Z
+# .json (bf16, (8, 16, 1024, 1024) scores, (8, 1, 1024, 1024) mask): one warp x 4 vectors per row 0.952 of
+# copy (plain softmax: 0.964 in the same run's benchmark), the plain forward's 2 warps x 2 vectors 0.703.
+TUNED_MASKED_FWD: dict = {(1024, 2): ("rows", 4, 1)}
 # The staged forward (unmasked, sm_90, 16-byte vectors): (items, warps, C) per (N, itemsize); takes
 # precedence over TUNED_FWD where it applies. STAGED_MAX_GRID (tests) caps its grid in clusters, so a
 # cluster walks several rows. sweep_softmax_staged_2026-12-04T1201Z.json (bf16, fraction of copy): at
@@ -82,15 +87,17 @@ def _rule(N, itemsize, max_items, clusters, max_vec, tuned):
     return ("looped", vec)
 
 
-def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, staged: bool = False):
+def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, staged: bool = False,
+               masked: bool = False):
     """Forward launch config for rows of N elements; ``clusters``: the device has thread-block
     clusters (sm_90+); ``max_vec``: the pointers' alignment in elements (align_elems); ``staged``: the
-    call may take the staged kernel (unmasked, sm_90)."""
+    call may take the staged kernel (unmasked, sm_90); ``masked``: a causal or tensor mask applies."""
     t = TUNED_STAGED_FWD.get((N, itemsize))
     vec = vec_width(N, itemsize, max_vec)
-    if staged and clusters and t is not None and vec * itemsize == 16:
+    if staged and not masked and clusters and t is not None and vec * itemsize == 16:
         return ("staged", vec) + tuple(t)
-    return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, TUNED_FWD)
+    tuned = {**TUNED_FWD, **TUNED_MASKED_FWD} if masked else TUNED_FWD
+    return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, tuned)
 
 
 def bwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
@@ -302,7 +309,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     key = (N, x_dt, o_dt, log, masking, device, config, max_vec)
     plan = _fwd_plans.get(key)
     if plan is None:
-        cfg = config or fwd_config(N, s, clusters_ok(device), max_vec, staged=masking == MASK_NONE)
+        cfg = config or fwd_config(N, s, clusters_ok(device), max_vec, staged=True, masked=masking != MASK_NONE)
         plan = _fwd_plans[key] = _launch_plan(
             "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking), FWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
@@ -354,7 +361,7 @@ def all_expressions():
                     exprs.add(bwd_expr(bwd_config(N, s, clusters), dt, log))
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
-                        exprs.add(fwd_expr(fc, dt, dt, False, masking))
+                        exprs.add(fwd_expr(fwd_config(N, s, clusters, masked=True), dt, dt, False, masking))
                 if N in (781, 4096, 65536) and dt != "float32":
                     exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE))
                     exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, "float32", False, MASK_NONE))
