@@ -13,6 +13,7 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
                   RMSNorm backward at 16384 x 8192 and 8192 x 16384 (0.92 against 0.86 of copy, and no
                   launch config moved the 16384 one: sweep 1607Z)
   softmax_fwd     softmax forward at 131072 x 1024 and 2048 x 65536 (0.55-0.70)
+  long_rows       softmax forward at 2048 x 65536 and 512 x 262144, cross-entropy at 4096 x 262144
   ce              cross-entropy forward + gradient at 16384 x 32768 (0.52)
   ct_dbias        cast_transpose_dbias at 16384 x 8192 (0.34; 0.76-0.79 at the other shapes)
   dact            dact_cast_transpose (GeLU) at 32768 x 4096 (0.70)
@@ -87,6 +88,20 @@ def case_softmax_fwd():
     def run():
         fk.softmax(a)
         fk.softmax(b)
+    return run
+
+
+def case_long_rows():
+    """Softmax forward at 2048 x 65536 and 512 x 262144, cross-entropy (loss + gradient) at 4096 x 262144:
+    the long-row kernels (one register CTA per row, staged clusters) below their targets."""
+    import torch
+    a, b, c = bf16((2048, 65536), 0.0, 3.0), bf16((512, 262144), 0.0, 3.0, 1), bf16((4096, 262144), 0.0, 2.0, 2)
+    t = torch.randint(0, 262144, (4096,), device="cuda")
+
+    def run():
+        fk.softmax(a)
+        fk.softmax(b)
+        fk.cross_entropy(c, t, return_grad=True)
     return run
 
 
