@@ -432,54 +432,21 @@ struct OneShotMerge {
   }
 };
 
-// One exponential per element instead of two (experiment, off by default: FK_SOFTMAX_ONE_EXP = the least
-// elements per thread that take it, 0 = never). The softmax forward computes 2^(x c - k) in the sum
-// pass and again for the output; a thread holding 32+ elements of a long row is bound by the MUFU pipe
-// (16 exponentials per clock per SM; ncu run 121158Z: mio_throttle the top stall of softmax_fwd<bf16,
-// 8, 8, 32> at 2048 x 65536, 0.87 of copy). With it, the sum pass keeps its exponentials rounded to the
-// 16-bit output format (pairs in the registers the row leaves free) and the output is that times one
-// per-thread factor 2^(k_thread - k_row) / s: the sum (and so the statistics) is bit for bit the same,
-// each y is rounded twice (at most 1 ulp of the output format from the exact value, against 0.5).
-// Softmax (not log-softmax) with a 16-bit output, unmasked or with the masks applied as -inf.
-#ifndef FK_SOFTMAX_ONE_EXP
-#define FK_SOFTMAX_ONE_EXP 0
-#endif
-template <typename O, int VEC, int ITEMS, bool LOG, int MASKING>
-struct OneExp {
-  static constexpr bool value = FK_SOFTMAX_ONE_EXP > 0 && !LOG && MASKING == 0 && sizeof(O) == 2 &&
-                                VEC % 2 == 0 && ITEMS * VEC >= FK_SOFTMAX_ONE_EXP;
-};
-
 // Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
 __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
                                                    O* __restrict__ y, long long base, bool row_ok, int v0,
                                                    int vend, float c, const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
-  constexpr bool ONE_EXP = OneExp<O, VEC, ITEMS, LOG, MASKING>::value;
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
   float s = 0.f;
-  unsigned ew[ITEMS][ONE_EXP ? VEC / 2 : 1];  // ONE_EXP: the exponentials, pairs in O's format
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (v0 + (int)threadIdx.x + i * T_ROW < vend) {
-      if constexpr (ONE_EXP) {
+  for (int i = 0; i < ITEMS; ++i)
+    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
-        for (int q = 0; q < VEC / 2; ++q) {
-          const float e0 = exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], 2 * q, bits, i * VEC + 2 * q, c, k_loc));
-          const float e1 = exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], 2 * q + 1, bits, i * VEC + 2 * q + 1, c, k_loc));
-          s += e0;
-          s += e1;
-          ew[i][q] = pack2<O>(e0, e1);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
-      }
-    }
-  }
+      for (int j = 0; j < VEC; ++j)
+        s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
 
   int parity = 0;  // one reduction per row slot
   const MaxSum st = merge(row_merge<WARPS>(MaxSum{k, s}, parity));
@@ -487,22 +454,6 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float log2_s = LOG ? log2f(st.s) : 0.f;
-  if constexpr (ONE_EXP) {  // y = e * 2^(k - kg) / s: one exponential per thread, not per element
-    const float f = k == neg_inf() ? 0.f : exp2_nonpos(k_loc - kg) * inv;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        Vec<O, VEC> out;
-        unsigned* w = reinterpret_cast<unsigned*>(out.v);
-#pragma unroll
-        for (int q = 0; q < VEC / 2; ++q)
-          w[q] = pack2<O>(half_word_float<1>(O{}, ew[i][q], 0) * f, half_word_float<1>(O{}, ew[i][q], 1) * f);
-        store_vec<O, VEC>(y + base + (long long)v * VEC, out);
-      }
-    }
-    return;
-  }
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + threadIdx.x + i * T_ROW;
