@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   auto fill = [&](long long row, int b) {
     if (nloc > 0 && ce_row(target, t32, row, true, N, ignore_index, count, grad_scale).valid) {
       ring.expect(b, bytes);
-      bulk_load_pieces(ce_stage + (size_t)b * chunk * 16, logits + row * (long long)N + (long long)v0 * VEC, bytes,
+      bulk_load(ce_stage + (size_t)b * chunk * 16, logits + row * (long long)N + (long long)v0 * VEC, bytes,
                 ring.bar(b));
     }
   };

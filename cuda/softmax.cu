@@ -577,7 +577,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     if constexpr (CLUSTER > 1) box.init();
     if (bytes > 0) {
       ring.expect(0, bytes);
-      bulk_load_pieces(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+      bulk_load(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
     }
   }
   __syncthreads();  // the barrier's init is visible
@@ -605,7 +605,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     __syncthreads();  // the stage is read: refill it with the next row's chunk
     if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
       ring.expect(0, bytes);
-      bulk_load_pieces(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+      bulk_load(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
     }
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
                                                         StepMerge<CLUSTER>{&box, step, rank});

@@ -36,24 +36,6 @@ __device__ __forceinline__ void bulk_load(void* dst_smem, const void* src_gmem, 
 #endif
 }
 
-// The same copy as FK_BULK_PIECES bulk copies of about equal size (multiples of 16 bytes) on one mbarrier
-// (experiment; 1 = one copy): whether the bulk-copy unit keeps more of a large chunk in flight when
-// the chunk is several requests. The mbarrier still expects `bytes` in all.
-#ifndef FK_BULK_PIECES
-#define FK_BULK_PIECES 1
-#endif
-__device__ __forceinline__ void bulk_load_pieces(void* dst_smem, const void* src_gmem, unsigned bytes,
-                                                 unsigned long long* bar) {
-  if constexpr (FK_BULK_PIECES <= 1) {
-    bulk_load(dst_smem, src_gmem, bytes, bar);
-  } else {
-    const unsigned piece = ((bytes / 16 + FK_BULK_PIECES - 1) / FK_BULK_PIECES) * 16;
-    for (unsigned off = 0; off < bytes; off += piece)
-      bulk_load(static_cast<unsigned char*>(dst_smem) + off, static_cast<const unsigned char*>(src_gmem) + off,
-                bytes - off < piece ? bytes - off : piece, bar);
-  }
-}
-
 // Asks the L2 to fetch `bytes` at `src_gmem` (both multiples of 16) ahead of the loads that will read
 // them (cp.async.bulk.prefetch: one instruction, no registers, no completion to wait for). A no-op off
 // sm_90, so kernels that also run there may call it.
