@@ -432,13 +432,8 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     __syncthreads();  // buffer b is read: it may be refilled
     if (BUFFERS == 1 && threadIdx.x == 0 && row + G < M) fill(row + G, 0);
   }
-  // No CTA exits while a peer may still write its slots. Every CTA received every step (all rows,
-  // ignored ones included) before it gets here, so all writes into its shared memory have completed:
-  // a relaxed arrive, which unlike arrive.release does not wait for the CTA's gradient stores to be
-  // performed (ncu run 121158Z: membar the top stall of ce_fwd_staged<bf16, 256, 8, 1>, 3.5 cycles per
-  // issued instruction, with the release form).
-  if constexpr (CLUSTER > 1) {
-    cluster_arrive_exit();
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still read its slots
+    cluster_arrive();
     cluster_wait();
   }
 }

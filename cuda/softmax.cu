@@ -610,10 +610,8 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
                                                         StepMerge<CLUSTER>{&box, step, rank});
   }
-  // No CTA exits while another may still send to it; every step is received by now, so nothing to
-  // release (see ce_fwd_staged).
-  if constexpr (CLUSTER > 1) {
-    cluster_arrive_exit();
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
+    cluster_arrive();
     cluster_wait();
   }
 }

@@ -36,30 +36,6 @@ __device__ __forceinline__ void cluster_arrive() {
 #endif
 }
 
-// The arrive without release semantics: it does not wait for this thread's earlier memory operations
-// (e.g. a row's global stores) to be performed. For closing barriers whose only purpose is that no CTA
-// exits while a peer may still touch its shared memory, when every such access has already completed
-// on this CTA's own mbarriers (the mailbox's receives) before the arrive.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-// The arrive of a closing barrier as above (FK_CLUSTER_EXIT_RELAXED=0: the release form, for A/B runs).
-#ifndef FK_CLUSTER_EXIT_RELAXED
-#define FK_CLUSTER_EXIT_RELAXED 1
-#endif
-__device__ __forceinline__ void cluster_arrive_exit() {
-#if FK_CLUSTER_EXIT_RELAXED
-  cluster_arrive_relaxed();
-#else
-  cluster_arrive();
-#endif
-}
-
 __device__ __forceinline__ void cluster_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
