@@ -465,6 +465,9 @@ def test_configs():
     assert cs.fwd_config(262144, 2, clusters=False)[0] == "looped"  # the tuned cluster of 16 needs clusters
     assert cs.fwd_config(1024, 2, masked=True) == ("rows", 8, 4, 1) != cs.fwd_config(1024, 2)
     assert cs.fwd_config(262144, 2, staged=True, masked=True)[0] == "cluster"  # the staged kernel has no masks
+    assert cs.fwd_config(262144, 2, staged=True)[0] == "staged"
+    assert cs.fwd_config(262144, 2, staged=True, max_vec=4)[0] == "cluster"  # bulk copies need 16-byte vectors
+    assert cs.fwd_config(262144, 2, clusters=False, staged=True)[0] == "looped"  # and sm_90
 
 
 # ------------------------------------------------------------------------------------------------
