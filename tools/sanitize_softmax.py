@@ -1,8 +1,9 @@
 """Small softmax calls covering every kernel kind once (register rows with several rows per block and
 with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
 causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
-fp16, fp32 and an fp32 output; the persistent staged forward), for compute-sanitizer memcheck / racecheck / synccheck. CuPy arrays (no
-bf16: the 16-bit paths are shared with fp16). Exits non-zero on a wrong result.
+fp16, fp32 and an fp32 output; the persistent staged forward), for compute-sanitizer memcheck /
+racecheck / synccheck. CuPy arrays (no bf16: the 16-bit paths are shared with fp16). Exits non-zero on
+a wrong result.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_softmax.py
 """

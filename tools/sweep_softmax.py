@@ -1,11 +1,16 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
-vectors per thread), clusters (C CTAs x warps x vectors) and the looped kernel, forward and backward.
+vectors per thread), clusters (C CTAs x warps x vectors), the staged forward (rows of 32768+) and the
+looped kernel, forward and backward.
 
-    python3 tools/sweep_softmax.py out.json        (SWEEP_DIRS=fwd or bwd limits it, masked: the masked forward at N = Sq; SWEEP_NS=65536,262144;
-                                                    SWEEP_MIN_ITEMS=4 leaves out thin splits)
+    python3 tools/sweep_softmax.py out.json
+
+SWEEP_DIRS=fwd or bwd limits it (masked: the masked forward, N = Sq, of the benchmark's mask);
+SWEEP_NS=65536,262144 picks the rows; SWEEP_MIN_ITEMS=4 leaves out thin splits; SWEEP_KINDS=staged,rows
+keeps those kinds only.
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
-argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_BWD (rows) or its rule.
+argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_MASKED_FWD /
+TUNED_STAGED_FWD / TUNED_BWD or its rule.
 """
 import json
 import os

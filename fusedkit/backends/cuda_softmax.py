@@ -258,6 +258,7 @@ FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. m
 BWD_CODES = "pppqif"
 STAGED_CODES = "ppqif"  # x, y, M, N, scale
 
+
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
     """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
     grid cap (resident clusters) only for the persistent staged kernel, else None. A config that cannot
@@ -272,11 +273,15 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
             from ._common import blocks_per_sm, sm_count
             smem = staged_smem(c, N)
             try:
-                per_sm = blocks_per_sm(get_kernel(FILE, expr, device), expr, device, block[0], smem)  # + opt-in
+                # (also opts the kernel in to more than 48 KB of shared memory)
+                per_sm = blocks_per_sm(get_kernel(FILE, expr, device), expr, device, block[0], smem)
             except RuntimeError:
                 per_sm = 0
             fn = launcher(FILE, expr, STAGED_CODES, device, per_row)
-            cap = per_sm * sm_count(device) if per_row == 1 or not per_sm else _resident_clusters(fn, block, device, smem)
+            if per_row == 1 or not per_sm:
+                cap = per_sm * sm_count(device)
+            else:
+                cap = _resident_clusters(fn, block, device, smem)
             if cap > 0:
                 _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
                 return fn, block, rpb, per_row, smem, cap
