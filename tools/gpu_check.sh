@@ -4,7 +4,9 @@
 #   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,bwdsmall,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
-#   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments.
+#   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments. The expbench stage benches
+#   EXP_ONLY ops built with EXP_OPTIONS, with EXP_BENCH_ARGS (e.g. "--rounds 3": this machine's noise
+#   between two runs of one call reached 17 % on 2026-12-04; compare with --rounds 3 on both sides).
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
 #   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck.
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
@@ -119,7 +121,7 @@ if has bench; then
 fi
 if has expbench; then  # A/B of a compile-time experiment: EXP_OPTIONS (NVRTC defines) on EXP_ONLY ops
   FUSEDKIT_NVRTC_OPTIONS="${EXP_OPTIONS:--DFK_FAST_EXP=0}" FUSEDKIT_CACHE_DIR=/tmp/fkcache_exp \
-    timeout $(left 300) python3 -m fusedkit bench --only "${EXP_ONLY:-softmax,cross_entropy}" --out "$OUT/results" \
+    timeout $(left 300) python3 -m fusedkit bench --only "${EXP_ONLY:-softmax,cross_entropy}" ${EXP_BENCH_ARGS:-} --out "$OUT/results" \
     > "$OUT/expbench.log" 2>&1; echo "expbench rc=$?" >> "$OUT/expbench.log"
 fi
 if has asv; then
