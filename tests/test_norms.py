@@ -166,6 +166,34 @@ def test_nan_and_inf_stay_in_their_row(backend):
     assert_close(y[good], ref64_forward(x[good], None, None, 1e-5, False)[0], "float32", "finite rows")
 
 
+@pytest.mark.parametrize("shape", [(0, 8), (1, 1), (3, 781), (2, 3, 1024), (2, 262144)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("weights", ["w_b", "none", "zero_centered"])
+def test_cpu_fused_fp32_matches_numpy_path(shape, rms, weights):
+    """fp32 rows on the CPU backend take the fused Numba kernel (reference/_norms_numba.py); it computes
+    the NumPy path's fp32 formulas with float64 row sums: within an ulp of it, stats included."""
+    from fusedkit.reference import norms as ref_norms
+    rng = rng_for("cpu-fused", shape, rms, weights)
+    N = shape[-1]
+    x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
+    w = None if weights == "none" else rng.standard_normal(N).astype(np.float32)
+    b = None if weights == "none" or rms else rng.standard_normal(N).astype(np.float32)
+    zc = weights == "zero_centered"
+    eps = 1e-6 if rms else 1e-5
+    assert ref_norms._fused_applies(x, None, None)
+    y, _, mean, rstd = ref_norms._forward(x, w, b, None, eps, zc, None, rms)  # the NumPy path
+    got = (fk.rms_norm(x, w, eps=eps, zero_centered_gamma=zc, return_stats=True) if rms else
+           fk.layer_norm(x, w, b, eps=eps, zero_centered_gamma=zc, return_stats=True))
+    np.testing.assert_allclose(got[0], y, rtol=2e-6, atol=2e-6 * max(1.0, float(np.abs(y).max(initial=0))))
+    np.testing.assert_allclose(got[-1], rstd, rtol=1e-6)
+    if not rms:
+        np.testing.assert_allclose(got[1], mean, rtol=1e-6, atol=1e-6)
+    assert got[0].dtype == np.float32 and got[0].shape == shape
+    assert not ref_norms._fused_applies(x.astype(np.float16), None, None)  # other dtypes: the NumPy path
+    assert not ref_norms._fused_applies(x, x, None)                          # residuals too
+
+
+
 # ------------------------------------------------------------------------------------------------
 # bad input: a clear exception that says what was wrong
 

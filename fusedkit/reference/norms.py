@@ -3,6 +3,9 @@
 Numerics follow cuda/norms.cu: fp32 math, x + residual rounded to x's dtype before the statistics,
 exact two-pass mean / variance, rstd = 1 / sqrt(var + eps), g = w + 1 with zero_centered_gamma.
 ``layer_norm_fp8`` / ``rms_norm_fp8``: the fp32 y cast to FP8 with a delayed scale (reference.fp8).
+fp32 rows without a residual run a fused Numba kernel (``_norms_numba.py``: same formulas, float64 row
+sums, parallel over rows), the FP8 output of such rows included (its bytes are the cast of that y);
+everything else runs this NumPy code.
 """
 from __future__ import annotations
 
@@ -49,15 +52,30 @@ def _pack(y, h, stats):
     return out[0] if len(out) == 1 else out
 
 
+def _fused_applies(x, residual, out_dtype) -> bool:
+    """fp32 x and output, no residual: the fused Numba kernel (_norms_numba.py) takes the call."""
+    return (residual is None and x.dtype == F32 and x.ndim >= 1
+            and (out_dtype is None or np.dtype(out_dtype) == F32))
+
+
+def _forward_any(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms):
+    """fp32 rows without a residual take the fused Numba kernel, the rest NumPy (_forward)."""
+    if _fused_applies(x, residual, out_dtype):
+        from . import _norms_numba  # imports Numba: not at `import fusedkit`
+        y, mean, rstd = _norms_numba.forward(x, weight, bias, eps, zero_centered_gamma, rms)
+        return y, None, mean, rstd
+    return _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms)
+
+
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, out_dtype=None,
                return_stats=False, residual=None):
-    y, h, mean, rstd = _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, False)
+    y, h, mean, rstd = _forward_any(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, False)
     return _pack(y, h, (mean, rstd) if return_stats else ())
 
 
 def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=None,
              return_stats=False, residual=None):
-    y, h, _, rstd = _forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, True)
+    y, h, _, rstd = _forward_any(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, True)
     return _pack(y, h, (rstd,) if return_stats else ())
 
 
@@ -68,7 +86,7 @@ def _forward_fp8(x, weight, bias, residual, eps, zero_centered_gamma, fp8_fmt, f
     from ..fp8.tensor import FP8Tensor
     from .fp8 import quantize_delayed
     f = as_format(fp8_fmt)
-    y, h, mean, rstd = _forward(x, weight, bias, residual, eps, zero_centered_gamma, F32, rms)
+    y, h, mean, rstd = _forward_any(x, weight, bias, residual, eps, zero_centered_gamma, F32, rms)
     data, scale_inv, amax = quantize_delayed(y, F32(np.asarray(fp8_scale).reshape(())), f)
     stats = ((rstd,) if rms else (mean, rstd)) if return_stats else ()
     return _pack(FP8Tensor(data, scale_inv, f, amax), h, stats)

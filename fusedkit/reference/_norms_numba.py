@@ -1,0 +1,80 @@
+"""The CPU backend's fused LayerNorm / RMSNorm forward for fp32 rows (Numba, parallel over rows).
+
+``fusedkit.reference.norms.layer_norm`` / ``rms_norm`` (and their FP8-output forms) route fp32 inputs
+without a residual here: a pass per row for each statistic and one for the output, no temporaries,
+every core. The NumPy path (``_forward_f32`` in norms.py) stays for the other dtypes and residuals,
+and is what this is tested against (tests/test_norms.py: within an ulp; the two differ in the last
+bit of a row's mean or rstd now and then, so one FP8 code in ~8000 can differ between them).
+
+Numerics: the same fp32 formulas and order as the NumPy path: mean, then var = mean((x - mean)^2) from
+the fp32 differences, rstd = 1 / sqrt(var + eps) in fp32, y = ((x - mean) * rstd) * g (+ b). The row
+sums accumulate in float64 (NumPy's fp32 pairwise sums are within a few fp32 ulp of them), so a long
+row loses nothing to a sequential fp32 sum. NaN / Inf rows give NaN rows, as on the GPU.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Module-level kernels with cache=True: the first call in a process loads the machine code from Numba's
+# cache (the __pycache__ beside this file, or Numba's per-user cache when that is read-only) instead of
+# compiling it (about 1.5 s). This module imports Numba, so norms.py imports it at the first fp32 call.
+
+
+# The row sums may be reassociated (vectorized float64 adds); the output loop may not (its fp32 rounding
+# order is the NumPy path's).
+@numba.njit(fastmath={"reassoc"}, cache=True)
+def _row_sum(row):
+    s = 0.0
+    for j in range(row.shape[0]):
+        s += row[j]
+    return s
+
+
+@numba.njit(fastmath={"reassoc"}, cache=True)
+def _row_sq_dev(row, mu):
+    s = 0.0
+    for j in range(row.shape[0]):
+        d = row[j] - mu  # fp32 difference, squared in fp32, as the NumPy path
+        s += d * d
+    return s
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _norm_rows(x, g, b, eps, rms, has_b, y, mean_out, rstd_out):
+    M, N = x.shape
+    f32 = np.float32
+    for i in numba.prange(M):
+        row = x[i]
+        mu = f32(0.0) if rms else f32(_row_sum(row) / N)
+        rstd = f32(1.0) / np.sqrt(f32(_row_sq_dev(row, mu) / N) + eps)
+        out = y[i]
+        if has_b:
+            for j in range(N):
+                out[j] = (row[j] - mu) * rstd * g[j] + b[j]
+        else:
+            for j in range(N):
+                out[j] = (row[j] - mu) * rstd * g[j]
+        mean_out[i] = mu
+        rstd_out[i] = rstd
+
+
+def forward(x, weight, bias, eps, zero_centered_gamma, rms):
+    """(y, mean, rstd) of fp32 x (any leading dims): as norms._forward_f32 without a residual."""
+    N = x.shape[-1]
+    x2 = np.ascontiguousarray(x).reshape(-1, N)
+    f32 = np.float32
+    g = np.ones(N, f32) if weight is None else np.ascontiguousarray(weight, f32)
+    if zero_centered_gamma:
+        g = g + f32(1.0)
+    has_b = bias is not None and not rms
+    b = np.ascontiguousarray(bias, f32) if has_b else g  # unread without a bias
+    M = x2.shape[0]
+    y = np.empty((M, N), f32)
+    mean = np.empty(M, f32)
+    rstd = np.empty(M, f32)
+    if M:
+        _norm_rows(x2, g, b, f32(eps), rms, has_b, y, mean, rstd)
+    lead = x.shape[:-1]
+    mean = np.zeros(lead, f32) if rms else mean.reshape(lead)
+    return y.reshape(x.shape), mean, rstd.reshape(lead)
