@@ -605,7 +605,7 @@ def run_cpu(args):
     rows = []
     rng = np.random.default_rng(0)
     shapes = [(4096, 1024), (1024, 4096)]
-    prog = _progress(len(shapes) * 2, "bench (cpu)")
+    prog = _progress(len(shapes) * 4, "bench (cpu)")
     for (M, N) in shapes:
         x = (rng.standard_normal((M, N)) * 0.5 - 2.3).astype(np.float32)
         w = rng.standard_normal(N).astype(np.float32)
@@ -619,8 +619,36 @@ def run_cpu(args):
         def numpy_rms():
             return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
 
+        def numpy_ln_fwdbwd():  # forward with its statistics, then dx, dweight, dbias
+            mu = x.mean(-1, keepdims=True)
+            rstd = 1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+            xhat = (x - mu) * rstd
+            y = xhat * w + b
+            gd = dy * w
+            dx = rstd * (gd - xhat * (gd * xhat).mean(-1, keepdims=True) - gd.mean(-1, keepdims=True))
+            return y, dx, (dy * xhat).sum(0), dy.sum(0)
+
+        def numpy_rms_fwdbwd():
+            rstd = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+            xhat = x * rstd
+            y = xhat * w
+            gd = dy * w
+            dx = rstd * (gd - xhat * (gd * xhat).mean(-1, keepdims=True))
+            return y, dx, (dy * xhat).sum(0)
+
+        def fk_ln_fwdbwd():
+            y, mean, rstd = fk.layer_norm(x, w, b, return_stats=True)
+            return y, fk.layer_norm_backward(dy, x, w, mean, rstd)
+
+        def fk_rms_fwdbwd():
+            y, rstd = fk.rms_norm(x, w, return_stats=True)
+            return y, fk.rms_norm_backward(dy, x, w, rstd)
+
+        dy = rng.standard_normal((M, N)).astype(np.float32)
         for op, mine, peer in (("layer_norm_fwd", lambda: fk.layer_norm(x, w, b), numpy_ln),
-                               ("rms_norm_fwd", lambda: fk.rms_norm(x, w), numpy_rms)):
+                               ("rms_norm_fwd", lambda: fk.rms_norm(x, w), numpy_rms),
+                               ("layer_norm_fwdbwd", fk_ln_fwdbwd, numpy_ln_fwdbwd),
+                               ("rms_norm_fwdbwd", fk_rms_fwdbwd, numpy_rms_fwdbwd)):
             nbytes = _registry.OPS[op].bytes_moved(M, N, 4)
             for impl, fn in (("fusedkit_cpu", mine), ("numpy_naive", peer)):
                 fn()

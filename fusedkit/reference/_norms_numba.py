@@ -1,9 +1,11 @@
-"""The CPU backend's fused LayerNorm / RMSNorm forward for fp32 rows (Numba, parallel over rows).
+"""The CPU backend's fused LayerNorm / RMSNorm forward and backward for fp32 rows (Numba, parallel
+over rows).
 
 ``fusedkit.reference.norms.layer_norm`` / ``rms_norm`` (and their FP8-output forms) route fp32 inputs
 without a residual here: a pass per row for each statistic and one for the output, no temporaries,
-every core. The NumPy path (``_forward_f32`` in norms.py) stays for the other dtypes and residuals,
-and is what this is tested against (tests/test_norms.py: within an ulp; the two differ in the last
+every core; ``layer_norm_backward`` / ``rms_norm_backward`` of fp32 dy, x and weight likewise. The
+NumPy path (``_forward_f32`` / ``_backward`` in norms.py) stays for the other dtypes and residuals, and
+is what this is tested against (tests/test_norms.py: within an ulp; the two differ in the last
 bit of a row's mean or rstd now and then, so one FP8 code in ~8000 can differ between them).
 
 Numerics: the same fp32 formulas and order as the NumPy path: mean, then var = mean((x - mean)^2) from
@@ -78,3 +80,66 @@ def forward(x, weight, bias, eps, zero_centered_gamma, rms):
     lead = x.shape[:-1]
     mean = np.zeros(lead, f32) if rms else mean.reshape(lead)
     return y.reshape(x.shape), mean, rstd.reshape(lead)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backward: dx = rstd (g dy - xhat c1 - c2) with c1 = mean(g dy xhat), c2 = mean(g dy) (0 for RMSNorm),
+# the NumPy path's fp32 formulas (norms._backward); dweight = sum over rows of dy xhat, dbias = sum dy,
+# accumulated in float64 per chunk of rows and added over the chunks in a fixed order.
+
+@numba.njit(fastmath={"reassoc"}, cache=True)
+def _row_bwd_sums(dyr, xr, g, mu, rs):
+    s1 = 0.0
+    s2 = 0.0
+    for j in range(xr.shape[0]):
+        gd = dyr[j] * g[j]
+        s1 += gd * ((xr[j] - mu) * rs)
+        s2 += gd
+    return s1, s2
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _norm_rows_bwd(dy, x, g, mean, rstd, rms, dx, dw_part, db_part, chunk):
+    M, N = x.shape
+    f32 = np.float32
+    for p in numba.prange(dw_part.shape[0]):
+        dwp = dw_part[p]
+        dbp = db_part[p]
+        for i in range(p * chunk, min(M, (p + 1) * chunk)):
+            mu = mean[i]
+            rs = rstd[i]
+            dyr = dy[i]
+            xr = x[i]
+            s1, s2 = _row_bwd_sums(dyr, xr, g, mu, rs)
+            c1 = f32(s1 / N)
+            c2 = f32(0.0) if rms else f32(s2 / N)
+            out = dx[i]
+            for j in range(N):
+                xhat = (xr[j] - mu) * rs
+                out[j] = rs * (dyr[j] * g[j] - xhat * c1 - c2)
+                dwp[j] += dyr[j] * xhat
+                dbp[j] += dyr[j]
+
+
+def backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    """(dx, dweight, dbias) of fp32 dy and x (any leading dims): as norms._backward."""
+    N = x.shape[-1]
+    f32 = np.float32
+    x2 = np.ascontiguousarray(x).reshape(-1, N)
+    dy2 = np.ascontiguousarray(dy).reshape(-1, N)
+    M = x2.shape[0]
+    g = np.ones(N, f32) if weight is None else np.ascontiguousarray(weight, f32)
+    if zero_centered_gamma:
+        g = g + f32(1.0)
+    mu = np.zeros(M, f32) if rms else np.ascontiguousarray(mean, f32).reshape(-1)
+    rs = np.ascontiguousarray(rstd, f32).reshape(-1)
+    P = max(1, min(M, 4 * numba.get_num_threads()))
+    chunk = -(-M // P) if M else 1
+    dx = np.empty((M, N), f32)
+    dw_part = np.zeros((P, N), np.float64)
+    db_part = np.zeros((P, N), np.float64)
+    if M:
+        _norm_rows_bwd(dy2, x2, g, mu, rs, rms, dx, dw_part, db_part, chunk)
+    wdt = weight.dtype if weight is not None else x.dtype
+    dw = None if weight is None else dw_part.sum(axis=0).astype(wdt)
+    return dx.reshape(x.shape), dw, db_part.sum(axis=0).astype(wdt)

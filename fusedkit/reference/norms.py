@@ -4,8 +4,9 @@ Numerics follow cuda/norms.cu: fp32 math, x + residual rounded to x's dtype befo
 exact two-pass mean / variance, rstd = 1 / sqrt(var + eps), g = w + 1 with zero_centered_gamma.
 ``layer_norm_fp8`` / ``rms_norm_fp8``: the fp32 y cast to FP8 with a delayed scale (reference.fp8).
 fp32 rows without a residual run a fused Numba kernel (``_norms_numba.py``: same formulas, float64 row
-sums, parallel over rows), the FP8 output of such rows included (its bytes are the cast of that y);
-everything else runs this NumPy code.
+sums, parallel over rows), the FP8 output of such rows included (its bytes are the cast of that y), and
+so does the backward of fp32 dy / x / weight (float64 weight-gradient sums); everything else runs this
+NumPy code.
 """
 from __future__ import annotations
 
@@ -124,10 +125,18 @@ def _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
     return dx, dw, db
 
 
+def _backward_any(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
+    """fp32 dy, x and weight take the fused Numba kernel (_norms_numba.py), the rest NumPy (_backward)."""
+    if dy.dtype == F32 and x.dtype == F32 and (weight is None or weight.dtype == F32) and x.ndim >= 1:
+        from . import _norms_numba  # imports Numba: not at `import fusedkit`
+        return _norms_numba.backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+    return _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+
+
 def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False):
-    return _backward(dy, x, weight, mean, rstd, zero_centered_gamma, False)
+    return _backward_any(dy, x, weight, mean, rstd, zero_centered_gamma, False)
 
 
 def rms_norm_backward(dy, x, weight, rstd, *, zero_centered_gamma=False):
-    dx, dw, _ = _backward(dy, x, weight, None, rstd, zero_centered_gamma, True)
+    dx, dw, _ = _backward_any(dy, x, weight, None, rstd, zero_centered_gamma, True)
     return dx, dw
