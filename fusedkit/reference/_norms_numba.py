@@ -23,9 +23,20 @@ import numpy as np
 # compiling it (about 1.5 s). This module imports Numba, so norms.py imports it at the first fp32 call.
 
 
+def _njit(**options):
+    """numba.njit with its disk cache, or without it where Numba finds no writable cache location
+    (it raises RuntimeError when the function is decorated): then each process compiles once."""
+    def decorate(fn):
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:
+            return numba.njit(cache=False, **options)(fn)
+    return decorate
+
+
 # The row sums may be reassociated (vectorized float64 adds); the output loop may not (its fp32 rounding
 # order is the NumPy path's).
-@numba.njit(fastmath={"reassoc"}, cache=True)
+@_njit(fastmath={"reassoc"})
 def _row_sum(row):
     s = 0.0
     for j in range(row.shape[0]):
@@ -33,7 +44,7 @@ def _row_sum(row):
     return s
 
 
-@numba.njit(fastmath={"reassoc"}, cache=True)
+@_njit(fastmath={"reassoc"})
 def _row_sq_dev(row, mu):
     s = 0.0
     for j in range(row.shape[0]):
@@ -42,7 +53,7 @@ def _row_sq_dev(row, mu):
     return s
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@_njit(parallel=True, nogil=True)
 def _norm_rows(x, g, b, eps, rms, has_b, y, mean_out, rstd_out):
     M, N = x.shape
     f32 = np.float32
@@ -87,7 +98,7 @@ def forward(x, weight, bias, eps, zero_centered_gamma, rms):
 # the NumPy path's fp32 formulas (norms._backward); dweight = sum over rows of dy xhat, dbias = sum dy,
 # accumulated in float64 per chunk of rows and added over the chunks in a fixed order.
 
-@numba.njit(fastmath={"reassoc"}, cache=True)
+@_njit(fastmath={"reassoc"})
 def _row_bwd_sums(dyr, xr, g, mu, rs):
     s1 = 0.0
     s2 = 0.0
@@ -98,7 +109,7 @@ def _row_bwd_sums(dyr, xr, g, mu, rs):
     return s1, s2
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@_njit(parallel=True, nogil=True)
 def _norm_rows_bwd(dy, x, g, mean, rstd, rms, dx, dw_part, db_part, chunk):
     M, N = x.shape
     f32 = np.float32
