@@ -168,7 +168,7 @@ def test_nan_and_inf_stay_in_their_row(backend):
 
 @pytest.mark.parametrize("shape", [(0, 8), (1, 1), (3, 781), (2, 3, 1024), (2, 262144)], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("weights", ["w_b", "none", "zero_centered"])
+@pytest.mark.parametrize("weights", ["w_b", "none", "zero_centered", "none_zero_centered"])
 def test_cpu_fused_fp32_matches_numpy_path(shape, rms, weights):
     """fp32 rows on the CPU backend take the fused Numba kernel (reference/_norms_numba.py); it computes
     the NumPy path's fp32 formulas with float64 row sums: within an ulp of it, stats included."""
@@ -176,9 +176,9 @@ def test_cpu_fused_fp32_matches_numpy_path(shape, rms, weights):
     rng = rng_for("cpu-fused", shape, rms, weights)
     N = shape[-1]
     x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
-    w = None if weights == "none" else rng.standard_normal(N).astype(np.float32)
-    b = None if weights == "none" or rms else rng.standard_normal(N).astype(np.float32)
-    zc = weights == "zero_centered"
+    w = None if weights.startswith("none") else rng.standard_normal(N).astype(np.float32)
+    b = None if weights.startswith("none") or rms else rng.standard_normal(N).astype(np.float32)
+    zc = weights.endswith("zero_centered")  # without a weight, gamma stays 1 (as on the GPU)
     eps = 1e-6 if rms else 1e-5
     assert ref_norms._fused_applies(x, None, None)
     y, _, mean, rstd = ref_norms._forward(x, w, b, None, eps, zc, None, rms)  # the NumPy path
@@ -195,7 +195,7 @@ def test_cpu_fused_fp32_matches_numpy_path(shape, rms, weights):
 
 @pytest.mark.parametrize("shape", [(0, 8), (1, 1), (3, 781), (2, 3, 1024), (64, 512), (2, 262144)], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("weights", ["w", "none", "zero_centered"])
+@pytest.mark.parametrize("weights", ["w", "none", "zero_centered", "none_zero_centered"])
 def test_cpu_fused_fp32_backward(shape, rms, weights):
     """fp32 backward on the CPU backend (the fused Numba kernel): dx within an ulp-scale bound of the
     NumPy path, dweight / dbias (float64 sums over rows there, fp32 in NumPy) within 2e-5 of it."""
@@ -204,8 +204,8 @@ def test_cpu_fused_fp32_backward(shape, rms, weights):
     N = shape[-1]
     x = (rng.standard_normal(shape) * 2 + 3).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)
-    w = None if weights == "none" else rng.standard_normal(N).astype(np.float32)
-    zc = weights == "zero_centered"
+    w = None if weights.startswith("none") else rng.standard_normal(N).astype(np.float32)
+    zc = weights.endswith("zero_centered")
     if rms:
         _, rstd = fk.rms_norm(x, w, zero_centered_gamma=zc, return_stats=True)
         mean = None

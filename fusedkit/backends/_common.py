@@ -73,3 +73,11 @@ def blocks_per_sm(kernel, expr, device, threads, smem) -> int:
                                f"shared memory on device {device}")
         _occ[key] = n
     return n
+
+
+def resident_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int:
+    """Clusters of a cluster Launcher's shape that can be resident at once on ``device`` with ``block``
+    threads and ``smem`` bytes of dynamic shared memory (0: it cannot launch here)."""
+    import cupy
+    with cupy.cuda.Device(device):
+        return fn.cluster.max_active_clusters(block, smem)

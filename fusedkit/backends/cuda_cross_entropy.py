@@ -19,7 +19,8 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import Launcher, stream_ptr
-from ._common import align_elems, blocks_per_sm, grid_stride_blocks, launcher, sm_count, vec_width
+from ._common import (align_elems, blocks_per_sm, grid_stride_blocks, launcher, resident_clusters, sm_count,
+                      vec_width)
 
 FILE = "cross_entropy.cu"
 CLUSTERS = (2, 4, 8)     # portable cluster sizes tried, smallest first
@@ -155,12 +156,6 @@ _plans: dict = {}
 _logged: set = set()
 
 
-def _max_active_clusters(fn: Launcher, block, device: int, smem: int = 0) -> int:
-    import cupy
-    with cupy.cuda.Device(device):
-        return fn.cluster.max_active_clusters(block, smem)
-
-
 def _fwd_plan(N, dt, device, config, max_vec):
     """(launcher, block, rows per block, cluster size, dynamic shared memory, row cap) of the fused kernel,
     cached per shape/dtype. Row cap: the grid's clusters for the persistent staged kernel (the resident
@@ -183,7 +178,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
             per_sm = 0
         fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None,
                       cluster_policy=STAGED_CLUSTER_POLICY)
-        resident = (_max_active_clusters(fn, block, device, smem) if (c > 1 and per_sm)
+        resident = (resident_clusters(fn, block, device, smem) if (c > 1 and per_sm)
                     else per_sm * sm_count(device))
         if resident < 1:
             _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the register rule")
@@ -195,7 +190,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
         rpb = rows_per_block(warps) if c == 1 else 1
         block = (32 * warps, rpb)
         fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
-        if c > 1 and _max_active_clusters(fn, block, device) < 1:
+        if c > 1 and resident_clusters(fn, block, device) < 1:
             # the cluster cannot be resident (a partitioned GPU, MIG): the looped kernel always can
             _env.debug(1, f"cross_entropy: {expr} cannot launch clusters of {c} here; using the looped kernel")
             plan = _plans[key] = _fwd_plan(N, dt, device, ("looped", cfg[1]), max_vec)

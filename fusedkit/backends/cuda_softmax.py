@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .. import _env
+from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import align_elems, launcher, vec_width
+from ._common import align_elems, blocks_per_sm, launcher, sm_count, vec_width
+from ._common import resident_clusters as _resident_clusters  # module-level: tests replace it
 
 FILE = "softmax.cu"
 MAX_ITEMS_FWD = {2: 8, 4: 6}  # by itemsize: 8 x 16 B of bf16/fp16; fp32 rows of 8 x 16 B spilled (masked, 64 regs)
@@ -269,12 +270,10 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
         block, rpb, per_row = _geometry(c)
         expr = expr_of(c)
         if c[0] == "staged":
-            from .._jit import get_kernel
-            from ._common import blocks_per_sm, sm_count
             smem = staged_smem(c, N)
             try:
                 # (also opts the kernel in to more than 48 KB of shared memory)
-                per_sm = blocks_per_sm(get_kernel(FILE, expr, device), expr, device, block[0], smem)
+                per_sm = blocks_per_sm(_jit.get_kernel(FILE, expr, device), expr, device, block[0], smem)
             except RuntimeError:
                 per_sm = 0
             fn = launcher(FILE, expr, STAGED_CODES, device, per_row)
@@ -292,12 +291,6 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
                 return fn, block, rpb, per_row, 0, None
         _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
-
-
-def _resident_clusters(fn, block, device, smem: int = 0) -> int:
-    import cupy
-    with cupy.cuda.Device(device):
-        return fn.cluster.max_active_clusters(block, smem)
 
 
 _fwd_plans: dict = {}

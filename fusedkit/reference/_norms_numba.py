@@ -72,14 +72,12 @@ def _norm_rows(x, g, b, eps, rms, has_b, y, mean_out, rstd_out):
         rstd_out[i] = rstd
 
 
-def forward(x, weight, bias, eps, zero_centered_gamma, rms):
-    """(y, mean, rstd) of fp32 x (any leading dims): as norms._forward_f32 without a residual."""
+def forward(x, g, bias, eps, rms):
+    """(y, mean, rstd) of fp32 x (any leading dims): as norms._forward_f32 without a residual. g: the
+    fp32 gamma row (norms._gamma: weight, + 1 when zero-centred, ones without a weight)."""
     N = x.shape[-1]
     x2 = np.ascontiguousarray(x).reshape(-1, N)
     f32 = np.float32
-    g = np.ones(N, f32) if weight is None else np.ascontiguousarray(weight, f32)
-    if zero_centered_gamma:
-        g = g + f32(1.0)
     has_b = bias is not None and not rms
     b = np.ascontiguousarray(bias, f32) if has_b else g  # unread without a bias
     M = x2.shape[0]
@@ -132,16 +130,14 @@ def _norm_rows_bwd(dy, x, g, mean, rstd, rms, dx, dw_part, db_part, chunk):
                 dbp[j] += dyr[j]
 
 
-def backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
-    """(dx, dweight, dbias) of fp32 dy and x (any leading dims): as norms._backward."""
+def backward(dy, x, weight, g, mean, rstd, rms):
+    """(dx, dweight, dbias) of fp32 dy and x (any leading dims): as norms._backward; g as in forward,
+    weight only for its presence and dtype."""
     N = x.shape[-1]
     f32 = np.float32
     x2 = np.ascontiguousarray(x).reshape(-1, N)
     dy2 = np.ascontiguousarray(dy).reshape(-1, N)
     M = x2.shape[0]
-    g = np.ones(N, f32) if weight is None else np.ascontiguousarray(weight, f32)
-    if zero_centered_gamma:
-        g = g + f32(1.0)
     mu = np.zeros(M, f32) if rms else np.ascontiguousarray(mean, f32).reshape(-1)
     rs = np.ascontiguousarray(rstd, f32).reshape(-1)
     P = max(1, min(M, 64))  # chunks of rows: fixed (not the thread count), so the sums are the same anywhere

@@ -53,6 +53,11 @@ def _pack(y, h, stats):
     return out[0] if len(out) == 1 else out
 
 
+def _gamma_row(weight, zero_centered_gamma, N):
+    """_gamma as a contiguous fp32 row of N (the fused kernels' g)."""
+    return np.ascontiguousarray(np.broadcast_to(_gamma(weight, zero_centered_gamma), (N,)), F32)
+
+
 def _fused_applies(x, residual, out_dtype) -> bool:
     """fp32 x and output, no residual: the fused Numba kernel (_norms_numba.py) takes the call."""
     return (residual is None and x.dtype == F32 and x.ndim >= 1
@@ -63,7 +68,8 @@ def _forward_any(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype,
     """fp32 rows without a residual take the fused Numba kernel, the rest NumPy (_forward)."""
     if _fused_applies(x, residual, out_dtype):
         from . import _norms_numba  # imports Numba: not at `import fusedkit`
-        y, mean, rstd = _norms_numba.forward(x, weight, bias, eps, zero_centered_gamma, rms)
+        y, mean, rstd = _norms_numba.forward(x, _gamma_row(weight, zero_centered_gamma, x.shape[-1]), bias, eps,
+                                             rms)
         return y, None, mean, rstd
     return _forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, rms)
 
@@ -129,7 +135,8 @@ def _backward_any(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
     """fp32 dy, x and weight take the fused Numba kernel (_norms_numba.py), the rest NumPy (_backward)."""
     if dy.dtype == F32 and x.dtype == F32 and (weight is None or weight.dtype == F32) and x.ndim >= 1:
         from . import _norms_numba  # imports Numba: not at `import fusedkit`
-        return _norms_numba.backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
+        return _norms_numba.backward(dy, x, weight, _gamma_row(weight, zero_centered_gamma, x.shape[-1]), mean,
+                                     rstd, rms)
     return _backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms)
 
 
