@@ -140,7 +140,7 @@ def backward(dy, x, weight, g, mean, rstd, rms):
     M = x2.shape[0]
     mu = np.zeros(M, f32) if rms else np.ascontiguousarray(mean, f32).reshape(-1)
     rs = np.ascontiguousarray(rstd, f32).reshape(-1)
-    P = max(1, min(M, 64))  # chunks of rows: fixed (not the thread count), so the sums are the same anywhere
+    P = max(1, min(M, 16))  # chunks of rows: fixed (not the thread count), so the sums are the same anywhere
     chunk = -(-M // P) if M else 1
     dx = np.empty((M, N), f32)
     dw_part = np.zeros((P, N), np.float64)
