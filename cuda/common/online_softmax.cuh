@@ -111,6 +111,17 @@ struct StatsOps<MaxSum> {
   static __device__ __forceinline__ MaxSum shfl(MaxSum v, int lane) {
     return {__shfl_sync(0xffffffffu, v.k, lane), __shfl_sync(0xffffffffu, v.s, lane)};
   }
+  // The flat merge (warp_merge): the key, the sum re-expressed relative to key K >= v's key (2^(-inf) = 0
+  // covers a thread without values, and K = -inf, a group without any, counts as key 0), and the
+  // addition of two pairs already on one key.
+  static __device__ __forceinline__ float key(MaxSum v) { return v.k; }
+  static __device__ __forceinline__ MaxSum rebase(MaxSum v, float K) {
+    return {K, v.s * exp2_nonpos(v.k - (K == -__int_as_float(0x7f800000) ? 0.f : K))};
+  }
+  static __device__ __forceinline__ MaxSum add(MaxSum a, MaxSum b) { return {a.k, a.s + b.s}; }
+  static __device__ __forceinline__ MaxSum shfl_xor_sums(MaxSum v, int off) {
+    return {v.k, __shfl_xor_sync(0xffffffffu, v.s, off)};
+  }
 };
 
 template <>
@@ -130,13 +141,37 @@ struct StatsOps<LseStats> {
     return {__shfl_sync(0xffffffffu, v.m, lane), __shfl_sync(0xffffffffu, v.s, lane),
             __shfl_sync(0xffffffffu, v.a, lane), __shfl_sync(0xffffffffu, v.b, lane)};
   }
+  static __device__ __forceinline__ float key(const LseStats& v) { return v.m; }
+  static __device__ __forceinline__ LseStats rebase(const LseStats& v, float M) {
+    const float s = v.m == -__int_as_float(0x7f800000) ? 0.f : v.s * exp2_nonpos(lse_key(v.m) - lse_key(M));
+    return {M, s, v.a, v.b};
+  }
+  static __device__ __forceinline__ LseStats add(const LseStats& x, const LseStats& y) {
+    return {x.m, x.s + y.s, x.a + y.a, x.b + y.b};
+  }
+  static __device__ __forceinline__ LseStats shfl_xor_sums(const LseStats& v, int off) {
+    return {v.m, __shfl_xor_sync(0xffffffffu, v.s, off), __shfl_xor_sync(0xffffffffu, v.a, off),
+            __shfl_xor_sync(0xffffffffu, v.b, off)};
+  }
 };
 
 // Butterfly merge over the lanes of a warp whose xor distance is below WIDTH (a power of two <= 32).
+#ifndef FK_FLAT_MERGE
+#define FK_FLAT_MERGE 1
+#endif
 template <int WIDTH = 32, typename S>
 __device__ __forceinline__ S warp_merge(S v) {
+#if FK_FLAT_MERGE
+  float key = StatsOps<S>::key(v);
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) key = fmaxf(key, __shfl_xor_sync(0xffffffffu, key, off));
+  v = StatsOps<S>::rebase(v, key);
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::add(v, StatsOps<S>::shfl_xor_sums(v, off));
+#else
 #pragma unroll
   for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::merge(v, StatsOps<S>::shfl_xor(v, off));
+#endif
   return v;
 }
 
