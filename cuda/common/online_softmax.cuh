@@ -159,12 +159,27 @@ struct StatsOps<LseStats> {
 #ifndef FK_FLAT_MERGE
 #define FK_FLAT_MERGE 1
 #endif
+#ifndef FK_REDUX_MAX
+#define FK_REDUX_MAX 1
+#endif
+// The max of a float over the 32 lanes of a warp in one redux.sync: floats map to ints of the same order
+// (negative floats' magnitude bits flipped). A NaN key with the sign bit clear wins, one with it set
+// loses: either way the row's sum is NaN already (a thread's key is NaN only if its values are).
+__device__ __forceinline__ float warp_max_redux(float f) {
+  const int i = __float_as_int(f);
+  const int o = __reduce_max_sync(0xffffffffu, i >= 0 ? i : i ^ 0x7fffffff);
+  return __int_as_float(o >= 0 ? o : o ^ 0x7fffffff);
+}
 template <int WIDTH = 32, typename S>
 __device__ __forceinline__ S warp_merge(S v) {
 #if FK_FLAT_MERGE
   float key = StatsOps<S>::key(v);
+  if constexpr (WIDTH == 32 && FK_REDUX_MAX) {
+    key = warp_max_redux(key);
+  } else {
 #pragma unroll
-  for (int off = WIDTH / 2; off > 0; off >>= 1) key = fmaxf(key, __shfl_xor_sync(0xffffffffu, key, off));
+    for (int off = WIDTH / 2; off > 0; off >>= 1) key = fmaxf(key, __shfl_xor_sync(0xffffffffu, key, off));
+  }
   v = StatsOps<S>::rebase(v, key);
 #pragma unroll
   for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::add(v, StatsOps<S>::shfl_xor_sums(v, off));
