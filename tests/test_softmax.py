@@ -237,14 +237,20 @@ def test_fully_masked_and_neg_inf_rows_are_zero(backend, N):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_nan_stays_in_its_row(backend):
-    skip_unsupported(backend, "float32")
-    x = rand(rng_for("nan", backend), (4, 1024), "float32")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("N", [1024, 65536, 262144])
+def test_nan_stays_in_its_row(backend, dtype, N):
+    # one NaN, one +inf, and a run of NaN that fills whole threads' parts of the row (their keys are NaN
+    # in the packed 16-bit max): each makes its own row NaN and no other, in every row-merge shape
+    skip_unsupported(backend, dtype)
+    x = rand(rng_for("nan", backend, N), (5, N), "float32")
     x[1, 5] = np.nan
-    x[2, 9] = np.inf
-    y = to_numpy(fk.softmax(to_backend(x, backend)))
-    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
-    assert_rows(y[[0, 3]], softmax64(x[[0, 3]]), "float32", "finite rows")
+    x[2, N - 9] = np.inf
+    x[3, : N // 2] = np.nan
+    xb = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
+    y = to_numpy(fk.softmax(to_backend(xb, backend))).astype(np.float32)
+    assert np.isnan(y[1:4]).all()
+    assert_rows(y[[0, 4]], softmax64(xb[[0, 4]].astype(np.float64)), dtype, "finite rows")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,16 +4,25 @@
 //
 // Numerics: sums are kept relative to a key, the rounded log2-unit image of their max (MaxSum, LseStats
 // below): each term is 2^(fma(v, c, -key)), one FFMA whose product is exact, so inputs with large
-// offsets (|v| ~ 1e4) lose nothing, and merges rescale by 2^(key_a - key_b) (the keys' exact
-// difference), so the keys' own rounding cancels in every ratio. A pair whose max is -inf (every value
-// masked) has s = 0 and is the identity of the merge; merging never forms -inf - (-inf). NaN inputs
-// propagate into s (fmaxf drops NaN from the max, the exponentials keep it).
+// offsets (|v| ~ 1e4) lose nothing, and a merge rescales each partial sum by 2^(key - K) (the keys' exact
+// difference) to the group's key K, so the keys' own rounding cancels in every ratio. A pair whose max
+// is -inf (every value masked) has s = 0 and adds nothing; a group whose key is -inf takes key 0, so a
+// merge never forms -inf - (-inf). NaN inputs propagate into s (fmaxf drops NaN from the max, the
+// exponentials keep it).
 //
-// Determinism: max_sum_merge is commutative bit for bit (fmaxf, and fp32 addition of the same two
-// terms), so an xor-butterfly gives every lane the same result, and every CTA of a cluster that
-// merges the same inputs in the same tree gets the same bits. The same holds for LseStats (the pair
-// plus two fp32 sums). warp_merge / row_merge here and cluster_merge (common/cluster.cuh) serve both
-// types through StatsOps.
+// The merge is flat (warp_merge): the group's key first (one redux.sync over a warp, max shuffles over
+// fewer lanes), then every member rescales its own sum once, then the sums add by xor shuffles. The
+// pairwise form (merge two pairs, rescaling whichever has the smaller key, five times per warp) spent
+// 19 % of the long-row forward's instructions on branches around the rescales; flat, the softmax forward
+// at 2048 x 65536 went from 0.867 to 0.928 of copy and 512 x 262144 from 0.824 to 0.861, cross-entropy
+// 131072 / 262144 from 0.800 / 0.766 to 0.828 / 0.791 (benchmarks/results/NVIDIA-H200_2026-12-04T142113Z
+// _experiment.json against 142231Z; the masked forward needed the redux: max shuffles, its one-warp rows
+// lost 2 %, 142333Z_experiment).
+//
+// Determinism: the key is a max, and the sums add the same two terms in either order, so every lane of
+// an xor butterfly ends with the same bits, and every CTA of a cluster that merges the same inputs in
+// the same tree gets the same bits. The same holds for LseStats (the pair plus two fp32 sums).
+// warp_merge / row_merge here and cluster_merge (common/cluster.cuh) serve both types through StatsOps.
 #pragma once
 
 namespace fk {
@@ -57,7 +66,8 @@ __device__ __forceinline__ float lse_key(float m) {
   return m == -__int_as_float(0x7f800000) ? 0.f : __fmul_rn(m, kLog2e);
 }
 __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
-// s relative to K(from), re-expressed relative to K(to) for to >= from (a sum with from = -inf is 0).
+// s relative to K(from), re-expressed relative to K(to) for to >= from (a sum with from = -inf is 0):
+// the running sum of a single-thread online pass (cross_entropy.cu's looped kernel).
 __device__ __forceinline__ float rescale_keyed(float s, float from, float to) {
   return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(lse_key(from) - lse_key(to)));
 }
@@ -84,36 +94,26 @@ struct LseStats {
 
 __device__ __forceinline__ MaxSum max_sum_identity() { return {-__int_as_float(0x7f800000), 0.f}; }
 
-// s relative to key `from`, re-expressed relative to key `to` >= from (a sum with from = -inf is 0).
+// s relative to key `from`, re-expressed relative to key `to` >= from (a sum with from = -inf is 0): the
+// running sum of a single-thread online pass (softmax.cu's looped kernel).
 __device__ __forceinline__ float rescale_key(float s, float from, float to) {
   return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(from - to));
 }
 
-__device__ __forceinline__ MaxSum max_sum_merge(MaxSum a, MaxSum b) {
-  const float k = fmaxf(a.k, b.k);
-  return {k, rescale_key(a.s, a.k, k) + rescale_key(b.s, b.k, k)};
-}
-
-// What the generic merges below need of a statistics type S: its identity, the merge, and a float4
-// image for shuffles and shared-memory slots (one register of each field; unused lanes of the image
-// are 0).
+// What the generic merges below need of a statistics type S: its identity; its key; rebase(v, K), the
+// pair re-expressed relative to a group key K >= v's key (a member without values, key -inf, has s = 0;
+// K = -inf, a group without any, counts as key 0); add, of two pairs on one key; xor shuffles of the
+// sums; and a float4 image for shuffles and shared-memory slots (unused lanes of the image are 0).
 template <typename S> struct StatsOps;
 
 template <>
 struct StatsOps<MaxSum> {
   static __device__ __forceinline__ MaxSum identity() { return max_sum_identity(); }
-  static __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) { return max_sum_merge(a, b); }
   static __device__ __forceinline__ float4 pack(MaxSum v) { return make_float4(v.k, v.s, 0.f, 0.f); }
   static __device__ __forceinline__ MaxSum unpack(float4 p) { return {p.x, p.y}; }
-  static __device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int off) {
-    return {__shfl_xor_sync(0xffffffffu, v.k, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
-  }
   static __device__ __forceinline__ MaxSum shfl(MaxSum v, int lane) {
     return {__shfl_sync(0xffffffffu, v.k, lane), __shfl_sync(0xffffffffu, v.s, lane)};
   }
-  // The flat merge (warp_merge): the key, the sum re-expressed relative to key K >= v's key (2^(-inf) = 0
-  // covers a thread without values, and K = -inf, a group without any, counts as key 0), and the
-  // addition of two pairs already on one key.
   static __device__ __forceinline__ float key(MaxSum v) { return v.k; }
   static __device__ __forceinline__ MaxSum rebase(MaxSum v, float K) {
     return {K, v.s * exp2_nonpos(v.k - (K == -__int_as_float(0x7f800000) ? 0.f : K))};
@@ -127,16 +127,8 @@ struct StatsOps<MaxSum> {
 template <>
 struct StatsOps<LseStats> {
   static __device__ __forceinline__ LseStats identity() { return {-__int_as_float(0x7f800000), 0.f, 0.f, 0.f}; }
-  static __device__ __forceinline__ LseStats merge(const LseStats& x, const LseStats& y) {
-    const float m = fmaxf(x.m, y.m);
-    return {m, rescale_keyed(x.s, x.m, m) + rescale_keyed(y.s, y.m, m), x.a + y.a, x.b + y.b};
-  }
   static __device__ __forceinline__ float4 pack(const LseStats& v) { return make_float4(v.m, v.s, v.a, v.b); }
   static __device__ __forceinline__ LseStats unpack(float4 p) { return {p.x, p.y, p.z, p.w}; }
-  static __device__ __forceinline__ LseStats shfl_xor(const LseStats& v, int off) {
-    return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off),
-            __shfl_xor_sync(0xffffffffu, v.a, off), __shfl_xor_sync(0xffffffffu, v.b, off)};
-  }
   static __device__ __forceinline__ LseStats shfl(const LseStats& v, int lane) {
     return {__shfl_sync(0xffffffffu, v.m, lane), __shfl_sync(0xffffffffu, v.s, lane),
             __shfl_sync(0xffffffffu, v.a, lane), __shfl_sync(0xffffffffu, v.b, lane)};
@@ -155,26 +147,21 @@ struct StatsOps<LseStats> {
   }
 };
 
-// Butterfly merge over the lanes of a warp whose xor distance is below WIDTH (a power of two <= 32).
-#ifndef FK_FLAT_MERGE
-#define FK_FLAT_MERGE 1
-#endif
-#ifndef FK_REDUX_MAX
-#define FK_REDUX_MAX 1
-#endif
 // The max of a float over the 32 lanes of a warp in one redux.sync: floats map to ints of the same order
-// (negative floats' magnitude bits flipped). A NaN key with the sign bit clear wins, one with it set
+// (a negative float's magnitude bits flipped). A NaN key with the sign bit clear wins, one with it set
 // loses: either way the row's sum is NaN already (a thread's key is NaN only if its values are).
 __device__ __forceinline__ float warp_max_redux(float f) {
   const int i = __float_as_int(f);
   const int o = __reduce_max_sync(0xffffffffu, i >= 0 ? i : i ^ 0x7fffffff);
   return __int_as_float(o >= 0 ? o : o ^ 0x7fffffff);
 }
+
+// Flat merge over the lanes of a warp whose xor distance is below WIDTH (a power of two <= 32): the
+// group's key, one rescale per lane, then the sums by an xor butterfly (every lane gets the result).
 template <int WIDTH = 32, typename S>
 __device__ __forceinline__ S warp_merge(S v) {
-#if FK_FLAT_MERGE
   float key = StatsOps<S>::key(v);
-  if constexpr (WIDTH == 32 && FK_REDUX_MAX) {
+  if constexpr (WIDTH == 32) {
     key = warp_max_redux(key);
   } else {
 #pragma unroll
@@ -183,10 +170,6 @@ __device__ __forceinline__ S warp_merge(S v) {
   v = StatsOps<S>::rebase(v, key);
 #pragma unroll
   for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::add(v, StatsOps<S>::shfl_xor_sums(v, off));
-#else
-#pragma unroll
-  for (int off = WIDTH / 2; off > 0; off >>= 1) v = StatsOps<S>::merge(v, StatsOps<S>::shfl_xor(v, off));
-#endif
   return v;
 }
 
@@ -194,8 +177,8 @@ __device__ __forceinline__ S warp_merge(S v) {
 // blockDim.x = 32 * WARPS threads own one row, threadIdx.y picks the row in the block). With WARPS > 1
 // every thread of the block must call it, with the same `parity`, which the call flips: the partials
 // alternate between two shared buffers, so one block barrier per call suffices, in a loop too (the
-// argument of row_sum_alternating). The cross-warp step is a butterfly over WARPS lanes, so it costs
-// log2(WARPS) merges, not WARPS - 1.
+// argument of row_sum_alternating). The cross-warp step is warp_merge over WARPS lanes (log2(WARPS)
+// shuffle steps, not WARPS - 1).
 template <int WARPS, typename S>
 __device__ __forceinline__ S row_merge(S v, int& parity) {
   v = warp_merge<32>(v);
