@@ -340,6 +340,22 @@ def test_out_of_range_target_cpu_raises(backend):
             fk.cross_entropy_backward(1.0, x, t, to_backend(np.zeros(3, np.float32), backend))
 
 
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("N", [10, 32768, 131072, 262144])
+def test_nan_logits_make_their_row_nan(backend, N):
+    """One NaN at a row's end, or a row's first half NaN (whole threads whose running max stays -inf while
+    their sums take in the NaN): those rows' losses are NaN, the others' are untouched."""
+    skip_unsupported(backend, "float32")
+    x, _, _, _ = _inputs(backend, "float32", (4, N), ("nan", backend, N))
+    x[1, N - 1] = np.nan
+    x[2, : N // 2] = np.nan
+    t = np.array([0, 1, N - 1, 3])
+    loss = to_numpy(fk.cross_entropy(to_backend(x, backend), to_backend(t, backend), reduction="none"))
+    assert np.isnan(loss[1]) and np.isnan(loss[2]), loss
+    l64 = ref64(x[[0, 3]], t[[0, 3]], reduction="none")[0]
+    assert_loss(loss[[0, 3]], l64, "finite rows next to NaN rows")
+
+
 @pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
 @pytest.mark.parametrize("N", [10, 32768, 131072])
 def test_out_of_range_target_gpu_is_nan_not_a_fault(backend, N):

@@ -1,6 +1,7 @@
-"""Benchmark with the winners of a norm sweep in place: reads the sweep JSON (tools/sweep_norms.py), puts
-each (op, N)'s fastest backward config into cuda_norms.TUNED_STAGED / TUNED_PAIR for this process only,
-prints them, then runs ``fusedkit bench`` with the remaining arguments. For a device call that sweeps and
+"""Benchmark with the winners of a sweep in place: reads the sweep JSON of tools/sweep_norms.py (each
+(op, N)'s fastest backward config into cuda_norms.TUNED_STAGED / TUNED_PAIR) or of
+tools/sweep_cross_entropy.py (each N's fastest config into cuda_cross_entropy.TUNED, bf16), for this
+process only, prints them, then runs ``fusedkit bench`` with the remaining arguments. For a device call that sweeps and
 confirms in one go; a winner is shipped only by editing cuda_norms.py afterwards.
 
     python3 tools/bench_sweep_winners.py SWEEP_JSON --only norm_fwd --rounds 3 --out DIR
@@ -9,13 +10,29 @@ import json
 import sys
 
 from fusedkit import bench
+from fusedkit.backends import cuda_cross_entropy as cc
 from fusedkit.backends import cuda_norms as cn
+
+
+def cross_entropy_winners(rows):
+    best = {}
+    for r in rows:
+        if r.get("ms") is not None and (r["N"] not in best or r["ms"] < best[r["N"]]["ms"]):
+            best[r["N"]] = r
+    for N, r in sorted(best.items()):
+        cc.TUNED[(N, 2)] = tuple(r["config"])
+        print(f"bench_sweep_winners: cross_entropy N={N} -> {tuple(r['config'])} ({r['of_copy']:.3f} of copy "
+              "in the sweep)", flush=True)
 
 
 def main(argv):
     path, rest = argv[0], argv[1:]
+    sweep = json.load(open(path))
+    if "rows" in sweep:  # tools/sweep_cross_entropy.py
+        cross_entropy_winners(sweep["rows"])
+        return bench.main(rest)
     best = {}
-    for r in json.load(open(path))["results"]:
+    for r in sweep["results"]:
         if r["dir"] != "bwd":
             continue
         key = ("rms" if r["rms"] else "ln", r["N"], 2)

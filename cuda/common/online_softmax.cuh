@@ -66,10 +66,11 @@ __device__ __forceinline__ float lse_key(float m) {
   return m == -__int_as_float(0x7f800000) ? 0.f : __fmul_rn(m, kLog2e);
 }
 __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
-// s relative to K(from), re-expressed relative to K(to) for to >= from (a sum with from = -inf is 0):
-// the running sum of a single-thread online pass (cross_entropy.cu's looped kernel).
+// s relative to K(from), re-expressed relative to K(to) for to >= from: the running sum of one thread's
+// online pass (cross_entropy.cu's looped kernel). A sum with from = -inf is 0, or NaN: fmaxf keeps the
+// key at -inf through NaN values while the sum takes them in, and s * 0 keeps that NaN.
 __device__ __forceinline__ float rescale_keyed(float s, float from, float to) {
-  return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(lse_key(from) - lse_key(to)));
+  return from == to ? s : s * (from == -__int_as_float(0x7f800000) ? 0.f : exp2_nonpos(lse_key(from) - lse_key(to)));
 }
 // log2 of the sum relative to m itself, from a keyed sum s.
 __device__ __forceinline__ float log2_sum_at(float s, float m) {
@@ -94,15 +95,16 @@ struct LseStats {
 
 __device__ __forceinline__ MaxSum max_sum_identity() { return {-__int_as_float(0x7f800000), 0.f}; }
 
-// s relative to key `from`, re-expressed relative to key `to` >= from (a sum with from = -inf is 0): the
-// running sum of a single-thread online pass (softmax.cu's looped kernel).
+// s relative to key `from`, re-expressed relative to key `to` >= from: the running sum of one thread's
+// online pass (softmax.cu's looped kernel). From -inf the factor is 2^(-inf) = 0, which keeps a NaN sum
+// (NaN values leave the key at -inf; returning 0 there made the NaN of a row's first values vanish).
 __device__ __forceinline__ float rescale_key(float s, float from, float to) {
-  return from == to ? s : (from == -__int_as_float(0x7f800000) ? 0.f : s * exp2_nonpos(from - to));
+  return from == to ? s : s * exp2_nonpos(from - to);
 }
 
 // What the generic merges below need of a statistics type S: its identity; its key; rebase(v, K), the
-// pair re-expressed relative to a group key K >= v's key (a member without values, key -inf, has s = 0;
-// K = -inf, a group without any, counts as key 0); add, of two pairs on one key; xor shuffles of the
+// pair re-expressed relative to a group key K >= v's key (a member with key -inf has s = 0, or NaN when
+// its values were NaN: the factor 0 keeps it; K = -inf, a group without any, counts as key 0); add, of two pairs on one key; xor shuffles of the
 // sums; and a float4 image for shuffles and shared-memory slots (unused lanes of the image are 0).
 template <typename S> struct StatsOps;
 
@@ -135,7 +137,7 @@ struct StatsOps<LseStats> {
   }
   static __device__ __forceinline__ float key(const LseStats& v) { return v.m; }
   static __device__ __forceinline__ LseStats rebase(const LseStats& v, float M) {
-    const float s = v.m == -__int_as_float(0x7f800000) ? 0.f : v.s * exp2_nonpos(lse_key(v.m) - lse_key(M));
+    const float s = v.s * (v.m == -__int_as_float(0x7f800000) ? 0.f : exp2_nonpos(lse_key(v.m) - lse_key(M)));
     return {M, s, v.a, v.b};
   }
   static __device__ __forceinline__ LseStats add(const LseStats& x, const LseStats& y) {
