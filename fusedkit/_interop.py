@@ -65,6 +65,15 @@ HOST_KINDS = (HOST, "torch_cpu", "jax_cpu", "dlpack")
 JAX_KINDS = (JAX, "jax_cpu")
 
 
+def call_kind(x, others) -> str:
+    """The framework that serves a call: x's, except that traced JAX values anywhere make it 'jax'
+    (weights or masks closed over inside jax.jit are concrete arrays while x is a tracer)."""
+    kind = framework(x)
+    if kind in JAX_KINDS and any(a is not None and framework(a) == JAX for a in others):
+        return JAX
+    return kind
+
+
 def check_same_framework(kind: str, named) -> None:
     """Raises TypeError when any (name, array) of a call is not of framework ``kind`` (JAX CPU and GPU
     arrays mix: a traced call may close over concrete CPU constants)."""

@@ -10,18 +10,11 @@ from . import reference as _ref
 from ._interop import CUPY, JAX, TORCH, framework
 
 _HOST_KINDS = _interop.HOST_KINDS
-_JAX_KINDS = _interop.JAX_KINDS
 _check_same_framework = _interop.check_same_framework
 _host = _interop.run_on_host
 
 
-def _kind_of_call(x, others):
-    """The framework that serves a call: x's, except that traced JAX values anywhere make it 'jax'
-    (weights closed over inside jax.jit are concrete arrays while x is a tracer)."""
-    kind = framework(x)
-    if kind in _JAX_KINDS and any(a is not None and framework(a) == JAX for a in others):
-        return JAX
-    return kind
+_kind_of_call = _interop.call_kind
 
 
 def _dt(a) -> str:

@@ -60,8 +60,22 @@ def _np_dt(o_dt):
     return _dtypes.numpy_dtype(o_dt)
 
 
+def mask_launch_args(shape, mask_shape, causal: bool, mask_ptr: int):
+    """(mask pointer, MASK_* bits, mask_args) of cuda_softmax.forward for x of ``shape`` and a mask of
+    ``mask_shape`` (None: no mask tensor) at ``mask_ptr``, contiguous, broadcast by strides."""
+    from .backends import cuda_softmax as cs
+    mptr, args, masking = 0, cs.NO_MASK, cs.MASK_NONE
+    if mask_shape is not None:
+        mptr, masking = mask_ptr, cs.MASK_TENSOR
+        args = (1,) + cs.mask_layout(tuple(shape), tuple(mask_shape))
+    if causal:
+        masking |= cs.MASK_CAUSAL
+        args = (shape[-2],) + tuple(args[1:])
+    return mptr, masking, args
+
+
 def _forward(x, axis, scale, mask, causal, out_dtype, log):
-    kind = _interop.framework(x)
+    kind = _interop.call_kind(x, (mask,))
     _interop.check_same_framework(kind, (("mask", mask),))
     shape = tuple(x.shape)
     if len(shape) == 0:
@@ -83,22 +97,19 @@ def _forward(x, axis, scale, mask, causal, out_dtype, log):
         return _interop.run_on_host(
             lambda x_, m_: _ref.softmax(x_, -1, scale=scale, mask=m_, causal=causal, out_dtype=_np_dt(o_dt)),
             kind, (x, mask), {})
-    if kind == JAX:
-        raise NotImplementedError("fusedkit: softmax on JAX GPU arrays is not implemented yet; pass CuPy or "
-                                  "torch CUDA arrays (or JAX CPU arrays for the CPU backend)")
+    if kind == JAX:  # JAX GPU arrays and traced values: XLA buffer callbacks (fusedkit/jax/_prims.py)
+        from .jax import _prims
+        return _prims.softmax_forward(x, mask, scale, causal, o_dt, log)
     from .backends import cuda_softmax as cs
 
     X = _interop.view(x, kind, "x")
     views = [X]
-    mptr, args, masking = 0, cs.NO_MASK, cs.MASK_NONE
+    MK = None
     if mask is not None:
         MK = _interop.view(mask, kind, "mask")
         views.append(MK)
-        mptr, masking = MK.ptr, cs.MASK_TENSOR
-        args = (1,) + cs.mask_layout(shape, tuple(mask.shape))
-    if causal:
-        masking |= cs.MASK_CAUSAL
-        args = (shape[-2],) + tuple(args[1:])
+    mptr, masking, args = mask_launch_args(shape, None if mask is None else mask.shape, causal,
+                                           0 if MK is None else MK.ptr)
     _interop.same_device(views)
     y, yp = _interop.empty(kind, X, shape, o_dt)
     M = X.size // N if N else 0
@@ -109,7 +120,7 @@ def _forward(x, axis, scale, mask, causal, out_dtype, log):
 
 
 def _backward(dy, y, scale, log):
-    kind = _interop.framework(y)
+    kind = _interop.call_kind(y, (dy,))
     _interop.check_same_framework(kind, (("dy", dy),))
     if len(y.shape) == 0:
         raise ValueError("fusedkit: softmax_backward needs arrays of at least one dimension")
@@ -123,7 +134,8 @@ def _backward(dy, y, scale, log):
     if kind in _interop.HOST_KINDS:
         return _interop.run_on_host(lambda d_, y_: fn(d_, y_, scale=scale), kind, (dy, y), {})
     if kind == JAX:
-        raise NotImplementedError("fusedkit: softmax_backward on JAX GPU arrays is not implemented yet")
+        from .jax import _prims
+        return _prims.softmax_backward(dy, y, scale, log)
     from .backends import cuda_softmax as cs
 
     Y = _interop.view(y, kind, "y")

@@ -288,6 +288,113 @@ def test_gpu_jit_inside_larger_program():
     assert_rel(gw, dw64, "bfloat16", "dweight on GPU")
 
 
+# ------------------------------------------------------------------------------------------------
+# softmax / log-softmax (fusedkit.jax.softmax, and fusedkit.softmax on JAX arrays)
+
+SOFTMAX_VARIANTS = ["plain", "scale", "mask", "causal_rect", "mask_causal", "log"]
+
+
+def softmax_ref64(x, scale, hide, log):
+    """fp64 softmax (or log-softmax) of x * scale with `hide` (broadcast bool, True = masked out)."""
+    v = x.astype(np.float64) * scale
+    if hide is not None:
+        v = np.where(hide, -np.inf, v)
+    m = v.max(-1, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    e = np.exp(v - m)
+    s = e.sum(-1, keepdims=True)
+    if log:
+        return v - m - np.log(s)
+    return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
+
+
+def softmax_case(variant, shape, rng):
+    scale = 1.0 if variant in ("plain", "log") else 0.37
+    mask = causal = None
+    if variant in ("mask", "mask_causal"):
+        mask = rng.random((shape[0], 1) + shape[2:]) < 0.2
+    if variant in ("causal_rect", "mask_causal"):
+        causal = True
+    hide = None if mask is None else np.broadcast_to(mask, shape)
+    if causal:
+        sq, sk = shape[-2], shape[-1]
+        tri = np.triu(np.ones((sq, sk), bool), 1 + sk - sq)
+        hide = tri if hide is None else hide | tri
+    return scale, mask, bool(causal), hide
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [7, 1024, 4099])
+@pytest.mark.parametrize("variant", SOFTMAX_VARIANTS)
+def test_softmax_jit_grad(device, dtype, N, variant):
+    rng = rng_for("softmax", device, dtype, N, variant)
+    shape = (2, 3, 5, N)  # (batch, heads, Sq, Sk)
+    x = rand(rng, shape, dtype, scale=2.0)
+    dy = rand(rng, shape, dtype)
+    scale, mask, causal, hide = softmax_case(variant, shape, rng)
+    log = variant == "log"
+    X, DY, MK = put(x, device), put(dy, device), put(mask, device)
+
+    def f(X):
+        if log:
+            return fj.log_softmax(X, scale=scale)
+        return fj.softmax(X, scale=scale, mask=MK, causal=causal)
+
+    y = jax.jit(f)(X)
+    assert isinstance(y, jax.Array) and y.dtype == X.dtype and y.shape == X.shape
+    y64 = softmax_ref64(x, scale, hide, log)
+    assert_close(y, y64, dtype, "y")
+    gx = jax.jit(jax.grad(lambda X: jnp.sum(f(X).astype(jnp.float32) * DY.astype(jnp.float32))))(X)
+    assert gx.dtype == X.dtype
+    d = dy.astype(np.float64)
+    yv = np.asarray(to_numpy(y)).astype(np.float64)  # the backward works from the y the forward returned
+    if log:
+        dx64 = scale * (d - np.exp(yv) * d.sum(-1, keepdims=True))
+    else:
+        dx64 = scale * yv * (d - (d * yv).sum(-1, keepdims=True))
+    assert_close(gx, dx64, dtype, "dx")
+    # the public API on the same arrays, eager and under jit
+    for mode, fn in (("eager", lambda X: fk.softmax(X, scale=scale, mask=MK, causal=causal)),
+                     ("jit", jax.jit(lambda X: fk.softmax(X, scale=scale, mask=MK, causal=causal)))):
+        if not log:
+            ys = fn(X)
+            assert isinstance(ys, jax.Array), mode
+            assert_close(ys, y64, dtype, f"fusedkit.softmax ({mode})")
+
+
+def test_softmax_closed_over_mask_and_vmap():
+    """A concrete CPU mask closed over by a jitted softmax of traced x; vmap over a batch of rows."""
+    rng = rng_for("softmax_const")
+    x = rand(rng, (4, 6, 33), "float32")
+    mask = rng.random((1, 6, 33)) < 0.3
+    MK = jnp.asarray(mask)
+    y = jax.jit(lambda X: fj.softmax(X, mask=MK))(jnp.asarray(x))
+    assert_close(y, softmax_ref64(x, 1.0, np.broadcast_to(mask, x.shape), False), "float32", "closed-over mask")
+    ys = jax.jit(jax.vmap(fj.log_softmax))(jnp.asarray(x))
+    assert_close(ys, softmax_ref64(x, 1.0, None, True), "float32", "vmap log_softmax")
+    z = jax.jit(fj.softmax)(jnp.zeros((0, 5), jnp.float32))
+    assert z.shape == (0, 5)
+    with pytest.raises(ValueError, match="last axis only"):
+        fj.softmax(jnp.asarray(x), axis=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [65536, 262144])
+def test_softmax_gpu_long_rows(N):
+    """The long-row kernels (clusters, the staged forward) on XLA's buffers and stream."""
+    dev = gpu_device()
+    rng = rng_for("softmax_long", N)
+    x = rand(rng, (3, N), "bfloat16", scale=2.0)
+    dy = rand(rng, (3, N), "bfloat16")
+    X, DY = jax.device_put(jnp.asarray(x), dev), jax.device_put(jnp.asarray(dy), dev)
+    y = jax.jit(fj.softmax)(X)
+    assert_close(y, softmax_ref64(x, 1.0, None, False), "bfloat16", "y")
+    gx = jax.jit(jax.grad(lambda X: jnp.sum(fj.softmax(X).astype(jnp.float32) * DY.astype(jnp.float32))))(X)
+    yv, d = np.asarray(to_numpy(y)).astype(np.float64), dy.astype(np.float64)
+    assert_close(gx, yv * (d - (d * yv).sum(-1, keepdims=True)), "bfloat16", "dx")
+
+
 def test_import_fusedkit_does_not_import_jax():
     code = "import sys, fusedkit; sys.exit(1 if 'jax' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

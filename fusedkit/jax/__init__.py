@@ -1,5 +1,5 @@
-"""JAX front end: LayerNorm / RMSNorm and the activations with gradients (``jax.custom_vjp``), under
-``jax.jit`` too.
+"""JAX front end: LayerNorm / RMSNorm, softmax / log-softmax and the activations with gradients
+(``jax.custom_vjp``), under ``jax.jit`` too.
 
 The forward and backward are ``fusedkit.layer_norm(..., return_stats=True)`` and
 ``fusedkit.layer_norm_backward`` (and the RMS twins): eager CPU arrays run the CPU reference, GPU
@@ -19,7 +19,8 @@ from .. import _dtypes, _interop
 from .. import norms as _fk
 from . import _prims
 
-__all__ = ["layer_norm", "rms_norm", "gelu", "silu", "relu", "squared_relu", "swiglu", "geglu", "reglu"]
+__all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "gelu", "silu", "relu", "squared_relu", "swiglu",
+           "geglu", "reglu"]
 
 
 def _cast(g, like):
@@ -162,3 +163,37 @@ def geglu(x, bias=None, approximate="tanh"):
 
 def reglu(x, bias=None):
     return _activation(x, bias, "reglu")
+
+
+# ----------------------------------------------------------------------------------------------------
+# softmax / log-softmax: differentiable in x (the mask is a constant: its cotangent is None)
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _softmax(x, mask, axis, scale, causal, log):
+    from ..softmax import _forward
+    return _forward(x, axis, scale, mask, causal, None, log)
+
+
+def _softmax_fwd(x, mask, axis, scale, causal, log):
+    y = _softmax(x, mask, axis, scale, causal, log)
+    return y, y
+
+
+def _softmax_bwd(axis, scale, causal, log, y, dy):
+    from ..softmax import _backward
+    return _backward(dy.astype(y.dtype), y, scale, log), None
+
+
+_softmax.defvjp(_softmax_fwd, _softmax_bwd)
+
+
+def softmax(x, axis=-1, scale=1.0, mask=None, causal=False):
+    """``jax.nn.softmax(x * scale, axis)`` with fusedkit's boolean ``mask`` (True = masked out,
+    broadcastable to x) and ``causal`` (as in :func:`fusedkit.softmax`; the last axis only),
+    differentiable in x."""
+    return _softmax(x, mask, int(axis), float(scale), bool(causal), False)
+
+
+def log_softmax(x, axis=-1, scale=1.0):
+    """``jax.nn.log_softmax(x * scale, axis)`` (the last axis only), differentiable in x."""
+    return _softmax(x, None, int(axis), float(scale), False, True)

@@ -1,4 +1,5 @@
-"""LayerNorm / RMSNorm and the activations as XLA buffer callbacks (``jax.experimental.buffer_callback``).
+"""LayerNorm / RMSNorm, the activations and softmax as XLA buffer callbacks
+(``jax.experimental.buffer_callback``).
 
 ``norm_forward`` / ``norm_backward`` have the argument and return conventions of
 ``fusedkit.norms._norm_forward`` / ``_norm_backward`` (which call them for JAX GPU arrays and for
@@ -319,3 +320,77 @@ def _act_bwd_callable(platform: str, key):
                                       ctx.stream)
 
     return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, x_dt), vmap_method=_VMAP)
+
+
+# ----------------------------------------------------------------------------------------------------
+# softmax / log-softmax (fusedkit.softmax; same platform dispatch as the norms)
+
+def softmax_forward(x, mask, scale, causal, out_dtype, log):
+    """Softmax (or log-softmax) of ``x * scale`` over the last axis; out_dtype a canonical name. The
+    boolean mask (broadcastable to x, read in place by strides) and ``causal`` as in fusedkit.softmax."""
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), out_dtype,
+           None if mask is None else tuple(mask.shape), float(scale), bool(causal), bool(log))
+    return _dispatch(_softmax_fwd_callable("cpu", key), lambda device: _softmax_fwd_callable("gpu", key),
+                     (x, mask))
+
+
+def softmax_backward(dy, y, scale, log):
+    key = (tuple(y.shape), _dtypes.canonical(y.dtype), float(scale), bool(log))
+    return _dispatch(_softmax_bwd_callable("cpu", key), lambda device: _softmax_bwd_callable("gpu", key),
+                     (dy, y))
+
+
+def _rows(shape):
+    N = shape[-1]
+    return N, (math.prod(shape[:-1]) if N else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _softmax_fwd_callable(platform: str, key):
+    shape, x_dt, o_dt, m_shape, scale, causal, log = key
+    N, M = _rows(shape)
+
+    def cpu_cb(ctx, out, x, mask):
+        o = _dtypes.numpy_dtype(o_dt)
+        if log:
+            y = _ref.log_softmax(_np(x), -1, scale=scale, out_dtype=o)
+        else:
+            y = _ref.softmax(_np(x), -1, scale=scale, mask=_np(mask), causal=causal, out_dtype=o)
+        np.asarray(out)[...] = y
+
+    def gpu_cb(ctx, out, x, mask):
+        if M == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_softmax
+        from ..softmax import mask_launch_args
+        mptr, masking, args = mask_launch_args(shape, m_shape, causal, _ptr(mask))
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_softmax.forward(_ptr(x), mptr, _ptr(out), M, N, x_dt, o_dt, scale, log, masking, args, dev,
+                                 ctx.stream)
+
+    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, o_dt), vmap_method=_VMAP)
+
+
+@functools.lru_cache(maxsize=None)
+def _softmax_bwd_callable(platform: str, key):
+    shape, y_dt, scale, log = key
+    N, M = _rows(shape)
+
+    def cpu_cb(ctx, out, dy, y):
+        fn = _ref.log_softmax_backward if log else _ref.softmax_backward
+        np.asarray(out)[...] = fn(_np(dy), _np(y), scale=scale)
+
+    def gpu_cb(ctx, out, dy, y):
+        if M == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_softmax
+        dev = y.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_softmax.backward(_ptr(dy), _ptr(y), _ptr(out), M, N, y_dt, scale, log, dev, ctx.stream)
+
+    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, y_dt), vmap_method=_VMAP)
