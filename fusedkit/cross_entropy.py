@@ -98,7 +98,7 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     are not checked (that would need a device sync): such a token gets a NaN loss, so a mean or sum turns
     NaN, and a zero gradient row; no memory outside the row is touched.
     """
-    kind = _interop.framework(logits)
+    kind = _interop.call_kind(logits, (target,))
     _interop.check_same_framework(kind, (("target", target),))
     x_dt, N, M, t_dt = _validate(logits, target, reduction, label_smoothing, z_loss)
     if inplace_grad and not return_grad:
@@ -109,50 +109,81 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         if inplace_grad:
             return _host_inplace(_ref.cross_entropy, kind, logits, (logits, target), kw)
         return _interop.run_on_host(_ref.cross_entropy, kind, (logits, target), kw)
-    if kind == JAX:
-        raise NotImplementedError("fusedkit.cross_entropy on JAX GPU arrays is not implemented yet; pass "
-                                  "CuPy arrays or torch tensors (or JAX CPU arrays)")
-    from .backends import cuda_cross_entropy as ce
+    if kind == JAX:  # JAX GPU arrays and traced values: XLA buffer callbacks (fusedkit/jax/_prims.py)
+        if inplace_grad:
+            raise TypeError("fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX")
+        from .jax import _prims
+        return _prims.cross_entropy(logits, target, int(ignore_index), float(label_smoothing), reduction,
+                                    float(z_loss), bool(return_lse), bool(return_grad))
 
     X = _interop.view(logits, kind, "logits")
     TG = _interop.view(target, kind, "target")
     _interop.same_device([X, TG])
-    stream = _interop.stream(kind, X.device)
     tshape = tuple(X.shape[:-1])
-    keep = []
-    if reduction == "none":
-        loss, lp = _interop.empty(kind, X, tshape, "float32")
-        tok = lp  # per-token losses are the output
-    else:
-        loss, lp = _interop.empty(kind, X, (), "float32")
-        tok = 0
-        if M:
-            o, tok = _interop.empty(kind, X, (M,), "float32")
-            keep.append(o)
+    loss, lp = _interop.empty(kind, X, tshape if reduction == "none" else (), "float32")
     lse = lsp = None
     if return_lse:
         lse, lsp = _interop.empty(kind, X, tshape, "float32")
     grad = gp = None
     if return_grad:
         grad, gp = (logits, X.ptr) if inplace_grad else _interop.empty(kind, X, tuple(X.shape), x_dt)
-
-    def alloc(n, dtype):
-        return _interop.empty(kind, X, (n,), dtype)
-
-    t32 = t_dt == "int32"
-    cp = 0
-    if M and return_grad and reduction == "mean":
-        o, cp = _interop.empty(kind, X, (1,), "int32")
-        keep.append(o)
-        keep += ce.reduce(0, TG.ptr, t32, M, ignore_index, 0, cp, False, X.device, stream, alloc)
-    ce.forward(X.ptr, TG.ptr, t32, gp or 0, tok, lsp or 0, cp, M, N, x_dt, ignore_index, label_smoothing,
-               z_loss, 1.0, X.device, stream)
-    if reduction != "none":
-        keep += ce.reduce(tok, TG.ptr, t32, M, ignore_index, lp, 0, reduction == "mean",
-                          X.device, stream, alloc)
+    keep = gpu_forward(X.ptr, TG.ptr, t_dt == "int32", M, N, x_dt, ignore_index, label_smoothing, z_loss,
+                       reduction, lp, lsp or 0, gp or 0, X.device, _interop.stream(kind, X.device),
+                       lambda n, dtype: _interop.empty(kind, X, (n,), dtype))
     del keep  # queued on the stream: the allocators order any reuse after these launches
     out = (loss,) + ((lse,) if return_lse else ()) + ((grad,) if return_grad else ())
     return out[0] if len(out) == 1 else out
+
+
+def scratch_sizes(M: int, reduction: str, backward: bool = False) -> tuple[int, int]:
+    """(float32, int32) elements of scratch that gpu_forward (or gpu_backward) allocates at most for M
+    tokens: the per-token losses of a reduced forward, the count of a mean, and two rounds of the
+    reduction's block partials (fusedkit.jax sizes its callbacks' scratch outputs with this)."""
+    from .backends import cuda_cross_entropy as ce
+    P = max(1, -(-M // ce.REDUCE_CHUNK))
+    parts = 2 * P if P > 1 else 0
+    tok = 0 if backward or reduction == "none" else M
+    return tok + parts, 1 + parts
+
+
+def gpu_forward(xp, tp, t32, M, N, x_dt, ignore_index, label_smoothing, z_loss, reduction, lp, lsp, gp, device,
+                stream, alloc):
+    """The CUDA launches of cross_entropy on device pointers: the loss into lp (per token for "none",
+    else reduced), lse into lsp and the gradient into gp where non-zero. ``alloc(n, dtype)`` ->
+    (keep-alive, pointer) for scratch; returns the keep-alives."""
+    from .backends import cuda_cross_entropy as ce
+    keep, tok, cp = [], lp, 0
+    if reduction != "none":
+        tok = 0
+        if M:
+            o, tok = alloc(M, "float32")
+            keep.append(o)
+    if M and gp and reduction == "mean":
+        o, cp = alloc(1, "int32")
+        keep.append(o)
+        keep += ce.reduce(0, tp, t32, M, ignore_index, 0, cp, False, device, stream, alloc)
+    ce.forward(xp, tp, t32, gp, tok, lsp, cp, M, N, x_dt, ignore_index, label_smoothing, z_loss, 1.0, device,
+               stream)
+    if reduction != "none":
+        keep += ce.reduce(tok, tp, t32, M, ignore_index, lp, 0, reduction == "mean", device, stream, alloc)
+    return keep
+
+
+def gpu_backward(glp, per_token, scale, xp, tp, t32, lsp, gp, M, N, x_dt, ignore_index, label_smoothing, z_loss,
+                 reduction, device, stream, alloc):
+    """The CUDA launches of cross_entropy_backward on device pointers (glp: the float32 grad_loss, or 0
+    with the Python number ``scale``); returns the keep-alives of the scratch from ``alloc``."""
+    from .backends import cuda_cross_entropy as ce
+    keep, cp = [], 0
+    if M == 0:
+        return keep
+    if reduction == "mean":
+        o, cp = alloc(1, "int32")
+        keep.append(o)
+        keep += ce.reduce(0, tp, t32, M, ignore_index, 0, cp, False, device, stream, alloc)
+    ce.backward(glp, per_token, xp, tp, t32, lsp, gp, cp, M, N, x_dt, ignore_index, label_smoothing, z_loss,
+                scale, device, stream)
+    return keep
 
 
 def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100, label_smoothing=0.0,
@@ -172,8 +203,8 @@ def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100,
     Returns:
         The gradient, of the logits' shape and dtype.
     """
-    kind = _interop.framework(logits)
     gl_is_array = not isinstance(grad_loss, numbers.Number)
+    kind = _interop.call_kind(logits, (target, lse, grad_loss if gl_is_array else None))
     _interop.check_same_framework(kind, (("target", target), ("lse", lse))
                                   + ((("grad_loss", grad_loss),) if gl_is_array else ()))
     x_dt, N, M, t_dt = _validate(logits, target, reduction, label_smoothing, z_loss)
@@ -203,9 +234,14 @@ def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100,
             return _host_inplace(fn, kind, logits, (logits, target, lse), {})
         return _interop.run_on_host(fn, kind, (logits, target, lse), {})
     if kind == JAX:
-        raise NotImplementedError("fusedkit.cross_entropy_backward on JAX GPU arrays is not implemented yet; "
-                                  "pass CuPy arrays or torch tensors (or JAX CPU arrays)")
-    from .backends import cuda_cross_entropy as ce
+        if inplace_grad:
+            raise TypeError("fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX")
+        if gl_is_array and _dtypes.canonical_or_name(grad_loss.dtype) != "float32":
+            raise TypeError(f"fusedkit: an array `grad_loss` must be float32, got {grad_loss.dtype}")
+        from .jax import _prims
+        return _prims.cross_entropy_backward(grad_loss if gl_is_array else float(grad_loss), per_token, logits,
+                                             target, lse, int(ignore_index), float(label_smoothing),
+                                             reduction, float(z_loss))
 
     X = _interop.view(logits, kind, "logits")
     TG = _interop.view(target, kind, "target")
@@ -221,18 +257,9 @@ def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100,
     else:
         scale = float(grad_loss)
     _interop.same_device(views)
-    stream = _interop.stream(kind, X.device)
     grad, gp = (logits, X.ptr) if inplace_grad else _interop.empty(kind, X, tuple(X.shape), x_dt)
-    if M == 0:
-        return grad
-    t32 = t_dt == "int32"
-    keep, cp = [], 0
-    if reduction == "mean":
-        o, cp = _interop.empty(kind, X, (1,), "int32")
-        keep.append(o)
-        keep += ce.reduce(0, TG.ptr, t32, M, ignore_index, 0, cp, False, X.device, stream,
-                          lambda n, dtype: _interop.empty(kind, X, (n,), dtype))
-    ce.backward(glp, per_token, X.ptr, TG.ptr, t32, LS.ptr, gp, cp, M, N, x_dt, ignore_index, label_smoothing,
-                z_loss, scale, X.device, stream)
+    keep = gpu_backward(glp, per_token, scale, X.ptr, TG.ptr, t_dt == "int32", LS.ptr, gp, M, N, x_dt, ignore_index,
+                        label_smoothing, z_loss, reduction, X.device, _interop.stream(kind, X.device),
+                        lambda n, dtype: _interop.empty(kind, X, (n,), dtype))
     del keep
     return grad

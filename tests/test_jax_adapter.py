@@ -395,6 +395,208 @@ def test_softmax_gpu_long_rows(N):
     assert_close(gx, yv * (d - (d * yv).sum(-1, keepdims=True)), "bfloat16", "dx")
 
 
+# ------------------------------------------------------------------------------------------------
+# cross-entropy (fusedkit.jax.cross_entropy, and fusedkit.cross_entropy on JAX arrays)
+
+IGNORE = -100
+
+
+def ce_ref64(x, t, reduction, eps, z):
+    """fp64 loss and gradient (of the reduced loss; of the sum for "none") of fusedkit.cross_entropy."""
+    N = x.shape[-1]
+    x = x.astype(np.float64).reshape(-1, N)
+    t = t.reshape(-1)
+    valid = t != IGNORE
+    tc = np.clip(t, 0, N - 1)
+    m = x.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
+    loss = (1 - eps) * (lse - x[np.arange(len(t)), tc]) + eps * (lse - x.mean(-1)) + z * lse**2
+    loss = np.where(valid, loss, 0.0)
+    p = np.exp(x - lse[:, None])
+    q = eps / N + (1 - eps) * (np.arange(N)[None, :] == tc[:, None])
+    g = np.where(valid[:, None], p - q + 2 * z * lse[:, None] * p, 0.0)
+    if reduction == "mean":
+        return loss.sum() / valid.sum(), g / valid.sum()
+    if reduction == "sum":
+        return loss.sum(), g
+    return loss, g
+
+
+def ce_case(key, shape, dtype):
+    rng = rng_for(*key)
+    x = rand(rng, shape, dtype, scale=2.0)
+    t = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+    t.reshape(-1)[::5] = IGNORE
+    return x, t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [7, 1024, 32768])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opts", [(0.0, 0.0), (0.1, 1e-3)], ids=["plain", "smooth_z"])
+def test_cross_entropy_jit_grad(device, dtype, N, reduction, opts):
+    eps, z = opts
+    x, t = ce_case(("ce", device, dtype, N, reduction, opts), (3, 4, N), dtype)
+    X, T = put(x, device), put(t, device)
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 12  # upstream gradient of "none"
+
+    def f(X):
+        return fj.cross_entropy(X, T, label_smoothing=eps, reduction=reduction, z_loss=z)
+
+    def obj(X):
+        loss = f(X)
+        return jnp.sum(loss * jnp.asarray(w)) if reduction == "none" else loss
+
+    loss = jax.jit(f)(X)
+    gx = jax.jit(jax.grad(obj))(X)
+    l64, g64 = ce_ref64(x, t, reduction, eps, z)
+    if reduction == "none":
+        g64 = g64 * w.reshape(-1, 1)
+    assert isinstance(loss, jax.Array) and loss.dtype == jnp.float32
+    assert loss.shape == (() if reduction != "none" else (3, 4))
+    np.testing.assert_allclose(np.asarray(loss, np.float64), np.asarray(l64).reshape(np.shape(loss)),
+                               rtol=2e-5, atol=2e-5, err_msg="loss")
+    assert gx.dtype == X.dtype and gx.shape == X.shape
+    assert_close(gx, g64.reshape(x.shape), dtype, "dlogits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cross_entropy_public_api(device):
+    """fusedkit.cross_entropy / cross_entropy_backward on JAX arrays, eager and under jit; the errors."""
+    x, t = ce_case(("ce_api", device), (5, 777), "float32")
+    X, T = put(x, device), put(t, device)
+    l64, g64 = ce_ref64(x, t, "mean", 0.0, 0.0)
+    for mode, fn in (("eager", lambda X, T: fk.cross_entropy(X, T, return_lse=True, return_grad=True)),
+                     ("jit", jax.jit(lambda X, T: fk.cross_entropy(X, T, return_lse=True, return_grad=True)))):
+        loss, lse, grad = fn(X, T)
+        assert all(isinstance(a, jax.Array) for a in (loss, lse, grad)), mode
+        np.testing.assert_allclose(float(loss), l64, rtol=2e-5, err_msg=mode)
+        assert_close(grad, g64, "float32", f"grad ({mode})")
+        for gl in (3.0, jnp.asarray(3.0, jnp.float32)):
+            gb = jax.jit(lambda G, X, T, S: fk.cross_entropy_backward(G, X, T, S))(gl, X, T, lse) \
+                if mode == "jit" and not isinstance(gl, float) else fk.cross_entropy_backward(gl, X, T, lse)
+            assert_close(gb, 3.0 * g64, "float32", f"cross_entropy_backward ({mode}, {type(gl).__name__})")
+    with pytest.raises(TypeError, match="immutable"):
+        fk.cross_entropy(X, T, return_grad=True, inplace_grad=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(3, 131072), (2, 262144), (70001, 8)], ids=str)
+def test_cross_entropy_gpu_long_rows_and_many_tokens(shape):
+    """The staged long-vocab kernels, and more tokens than one reduction block (the callbacks' scratch
+    holds the block partials) on XLA's buffers and stream."""
+    dev = gpu_device()
+    x, t = ce_case(("ce_gpu", shape), shape, "bfloat16")
+    X, T = jax.device_put(jnp.asarray(x), dev), jax.device_put(jnp.asarray(t), dev)
+    loss, gx = jax.jit(jax.value_and_grad(lambda X: fj.cross_entropy(X, T)))(X)
+    l64, g64 = ce_ref64(x, t, "mean", 0.0, 0.0)
+    np.testing.assert_allclose(float(loss), l64, rtol=1e-4)
+    assert_close(gx, g64.reshape(shape), "bfloat16", "dlogits")
+
+
+def test_softmax_and_cross_entropy_staged_for_gpu_and_cpu(monkeypatch):
+    """With a (faked) GPU backend, traced softmax and cross-entropy stage both branches (their GPU
+    callbacks carry scratch outputs) and the CPU one runs here."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("fakes a GPU backend: meaningful only where JAX runs on the CPU")
+
+    class FakeGpu:
+        platform, device_kind, id, local_hardware_id = "gpu", "fake", 0, 0
+
+    monkeypatch.setattr(_prims, "_jax_gpus", lambda: (FakeGpu(),))
+    x, t = ce_case(("ce_staged",), (70001, 3), "float32")  # two reduction blocks: 4 partials of scratch
+    X, T = jnp.asarray(x), jnp.asarray(t)
+    grad_fn = jax.grad(lambda X: fj.cross_entropy(X, T))
+    jaxpr = str(jax.make_jaxpr(grad_fn)(X))
+    assert "platform_index" in jaxpr and "float32[70005]" in jaxpr  # tokens + 2 x 2 partials
+    l64, g64 = ce_ref64(x, t, "mean", 0.0, 0.0)
+    assert_close(jax.jit(grad_fn)(X), g64, "float32", "dlogits")
+    y = jax.jit(lambda X: fj.softmax(X, scale=0.5))(X)
+    assert "platform_index" in str(jax.make_jaxpr(lambda X: fj.softmax(X))(X))
+    assert_close(y, softmax_ref64(x, 0.5, None, False), "float32", "softmax")
+
+
+class _FakeBuffer:
+    """What a GPU buffer_callback hands its callback: shape, dtype, a device pointer, a device."""
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape}
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def _fake_gpu(monkeypatch):
+    """CuPy's Device context and the kernel launches of cuda_softmax / cuda_cross_entropy replaced by
+    recorders (the launch arguments: pointers, sizes, options), so the GPU callbacks run without a GPU."""
+    import types
+    from contextlib import nullcontext
+
+    from fusedkit.backends import cuda_cross_entropy as ce
+    from fusedkit.backends import cuda_softmax as cs
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=lambda dev: nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    calls = []
+    for mod, label in ((cs, "softmax"), (ce, "ce")):
+        for name in ("forward", "backward"):
+            monkeypatch.setattr(mod, name, lambda *a, _n=f"{label}.{name}", **k: calls.append((_n,) + a))
+    monkeypatch.setattr(ce, "launcher", lambda file, expr, codes, device: (
+        lambda grid, block, smem, sp, *a: calls.append(("reduce", expr, grid) + a)))
+    monkeypatch.setattr(ce, "stream_ptr", lambda stream: stream)
+    return calls
+
+
+def test_gpu_callbacks_dry_run(monkeypatch):
+    """The GPU branches of the softmax and cross-entropy callbacks on fake buffers: the pointers and
+    sizes each launch gets (the buffers' and the scratch's), without a GPU."""
+    calls = _fake_gpu(monkeypatch)
+    ctx = type("Ctx", (), {"stream": 77})()
+    # softmax forward with a broadcast mask and causal: the launch arguments of fusedkit.softmax
+    shape, mshape = (2, 3, 5, 9), (2, 1, 5, 9)
+    key = (shape, "bfloat16", "float32", mshape, 0.5, True, False)
+    x, m, y = _FakeBuffer(shape, "uint16", 1000), _FakeBuffer(mshape, "bool", 2000), _FakeBuffer(shape, "f4", 3000)
+    _prims._softmax_fwd_callbacks(key)["gpu"](ctx, y, x, m)
+    from fusedkit.softmax import mask_launch_args
+    mptr, masking, args = mask_launch_args(shape, mshape, True, 2000)
+    assert calls.pop() == ("softmax.forward", 1000, mptr, 3000, 30, 9, "bfloat16", "float32", 0.5, False, masking,
+                           args, 0, 77)
+    _prims._softmax_bwd_callbacks((shape, "float32", 2.0, True))["gpu"](ctx, y, x, y)
+    assert calls.pop() == ("softmax.backward", 1000, 3000, 3000, 30, 9, "float32", 2.0, True, 0, 77)
+    # cross-entropy forward, mean with lse and grad, 70001 tokens: two reduction blocks
+    M, N = 70001, 3
+    key = ((M, N), "float32", "int32", -100, 0.1, "mean", 1e-3, True, True)
+    results, cbs = _prims._ce_fwd_callbacks(key, True)
+    f32, i32 = results[3].shape[0], results[4].shape[0]
+    assert (f32, i32) == (M + 4, 5)
+    bufs = [_FakeBuffer((1,), "f4", 10_000), _FakeBuffer((M,), "f4", 20_000), _FakeBuffer((M, N), "f4", 30_000),
+            _FakeBuffer((f32,), "f4", 40_000), _FakeBuffer((i32,), "i4", 50_000)]
+    cbs["gpu"](ctx, bufs, _FakeBuffer((M, N), "f4", 60_000), _FakeBuffer((M,), "i4", 70_000))
+    names = [c[0] if c[0] != "reduce" else c[1].split("<")[0] for c in calls]
+    assert names == ["fk::ce_reduce", "fk::ce_reduce_final", "ce.forward", "fk::ce_reduce", "fk::ce_reduce_final"]
+    # count (int32 scratch[0]) first: partials of P = 2 blocks after the count, then the forward reads it
+    cnt = calls[0]
+    assert cnt[2] == 2 and cnt[3:5] == (0, 70_000) and cnt[8:10] == (40_000 + 4 * M, 50_000 + 4)
+    fwd = calls[2]
+    assert fwd[1:8] == (60_000, 70_000, True, 30_000, 40_000, 20_000, 50_000)  # x, t, t32, grad, tok, lse, count
+    assert fwd[8:10] == (M, N)
+    red = calls[3]
+    assert red[3:5] == (40_000, 70_000) and red[8:10] == (40_000 + 4 * (M + 2), 50_000 + 4 * 3)
+    final = calls[4]
+    assert final[3:5] == (40_000 + 4 * (M + 2), 50_000 + 4 * 3) and final[6:8] == (10_000, 0)
+    calls.clear()
+    # cross-entropy backward, per-token grad_loss of "none"
+    key = ((M, N), "bfloat16", "int64", -100, 0.0, "none", 0.0, None, True, (M,))
+    results, cbs = _prims._ce_bwd_callbacks(key, True)
+    cbs["gpu"](ctx, [_FakeBuffer((M, N), "uint16", 1), _FakeBuffer(results[1].shape, "f4", 2),
+                     _FakeBuffer(results[2].shape, "i4", 3)],
+               _FakeBuffer((M,), "f4", 4), _FakeBuffer((M, N), "uint16", 5), _FakeBuffer((M,), "i8", 6),
+               _FakeBuffer((M,), "f4", 7))
+    assert calls == [("ce.backward", 4, True, 5, 6, False, 7, 1, 0, M, N, "bfloat16", -100, 0.0, 0.0, 1.0, 0, 77)]
+
+
 def test_import_fusedkit_does_not_import_jax():
     code = "import sys, fusedkit; sys.exit(1 if 'jax' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

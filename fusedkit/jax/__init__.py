@@ -1,5 +1,5 @@
-"""JAX front end: LayerNorm / RMSNorm, softmax / log-softmax and the activations with gradients
-(``jax.custom_vjp``), under ``jax.jit`` too.
+"""JAX front end: LayerNorm / RMSNorm, softmax / log-softmax, cross-entropy and the activations with
+gradients (``jax.custom_vjp``), under ``jax.jit`` too.
 
 The forward and backward are ``fusedkit.layer_norm(..., return_stats=True)`` and
 ``fusedkit.layer_norm_backward`` (and the RMS twins): eager CPU arrays run the CPU reference, GPU
@@ -19,7 +19,7 @@ from .. import _dtypes, _interop
 from .. import norms as _fk
 from . import _prims
 
-__all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "gelu", "silu", "relu", "squared_relu", "swiglu",
+__all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "gelu", "silu", "relu", "squared_relu", "swiglu",
            "geglu", "reglu"]
 
 
@@ -197,3 +197,39 @@ def softmax(x, axis=-1, scale=1.0, mask=None, causal=False):
 def log_softmax(x, axis=-1, scale=1.0):
     """``jax.nn.log_softmax(x * scale, axis)`` (the last axis only), differentiable in x."""
     return _softmax(x, None, int(axis), float(scale), False, True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cross-entropy: differentiable in the logits; the forward keeps lse, the backward reads the logits once
+# (fusedkit.cross_entropy_backward) instead of keeping a (tokens x vocab) gradient from the forward
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _cross_entropy(logits, target, ignore_index, label_smoothing, reduction, z_loss):
+    from ..cross_entropy import cross_entropy as ce
+    return ce(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+              z_loss=z_loss)
+
+
+def _cross_entropy_fwd(logits, target, ignore_index, label_smoothing, reduction, z_loss):
+    from ..cross_entropy import cross_entropy as ce
+    loss, lse = ce(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                   reduction=reduction, z_loss=z_loss, return_lse=True)
+    return loss, (logits, target, lse)
+
+
+def _cross_entropy_bwd(ignore_index, label_smoothing, reduction, z_loss, res, g):
+    from ..cross_entropy import cross_entropy_backward
+    logits, target, lse = res
+    dx = cross_entropy_backward(g.astype(jax.numpy.float32), logits, target, lse, ignore_index=ignore_index,
+                                label_smoothing=label_smoothing, reduction=reduction, z_loss=z_loss)
+    return dx, None
+
+
+_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
+def cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0):
+    """:func:`fusedkit.cross_entropy` (logits ``(..., V)``, integer ``target`` of ``logits.shape[:-1]``),
+    differentiable in the logits."""
+    return _cross_entropy(logits, target, int(ignore_index), float(label_smoothing), str(reduction),
+                          float(z_loss))

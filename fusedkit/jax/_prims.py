@@ -347,6 +347,12 @@ def _rows(shape):
 
 @functools.lru_cache(maxsize=None)
 def _softmax_fwd_callable(platform: str, key):
+    shape, o_dt = key[0], key[2]
+    return buffer_callback(_softmax_fwd_callbacks(key)[platform], _sds(shape, o_dt), vmap_method=_VMAP)
+
+
+def _softmax_fwd_callbacks(key):
+    """{"cpu": callback, "gpu": callback} of the forward (tests run the GPU one on fake buffers)."""
     shape, x_dt, o_dt, m_shape, scale, causal, log = key
     N, M = _rows(shape)
 
@@ -371,11 +377,16 @@ def _softmax_fwd_callable(platform: str, key):
             cuda_softmax.forward(_ptr(x), mptr, _ptr(out), M, N, x_dt, o_dt, scale, log, masking, args, dev,
                                  ctx.stream)
 
-    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, o_dt), vmap_method=_VMAP)
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
 
 
 @functools.lru_cache(maxsize=None)
 def _softmax_bwd_callable(platform: str, key):
+    shape, y_dt = key[0], key[1]
+    return buffer_callback(_softmax_bwd_callbacks(key)[platform], _sds(shape, y_dt), vmap_method=_VMAP)
+
+
+def _softmax_bwd_callbacks(key):
     shape, y_dt, scale, log = key
     N, M = _rows(shape)
 
@@ -393,4 +404,132 @@ def _softmax_bwd_callable(platform: str, key):
         with cupy.cuda.Device(dev):
             cuda_softmax.backward(_ptr(dy), _ptr(y), _ptr(out), M, N, y_dt, scale, log, dev, ctx.stream)
 
-    return buffer_callback(cpu_cb if platform == "cpu" else gpu_cb, _sds(shape, y_dt), vmap_method=_VMAP)
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# cross-entropy (fusedkit.cross_entropy; same platform dispatch). The GPU callbacks' scratch (the
+# per-token losses of a reduced loss, the count of a mean, the reduction's block partials) is extra
+# outputs, sized by fusedkit.cross_entropy.scratch_sizes and dropped afterwards.
+
+class _Bump:
+    """alloc(n, dtype) of fusedkit.cross_entropy.gpu_forward / gpu_backward over two scratch buffers."""
+
+    def __init__(self, f32, i32):
+        self.bufs = {"float32": [f32, 0], "int32": [i32, 0]}
+
+    def __call__(self, n, dtype):
+        entry = self.bufs[dtype]
+        buf, used = entry
+        size = 0 if buf is None else math.prod(buf.shape)  # XLA's Buffer has shape, dtype, no size
+        if used + n > size:
+            raise RuntimeError(f"fusedkit: cross-entropy scratch of {size} {dtype} staged, {used + n} needed")
+        entry[1] = used + n
+        return buf, _ptr(buf) + 4 * used
+
+
+def cross_entropy(logits, target, ignore_index, label_smoothing, reduction, z_loss, return_lse, return_grad):
+    """loss, then lse / grad as requested (the conventions of fusedkit.cross_entropy)."""
+    key = (tuple(logits.shape), _dtypes.canonical(logits.dtype), str(target.dtype), ignore_index,
+           label_smoothing, reduction, z_loss, return_lse, return_grad)
+    outs = _dispatch(_ce_fwd_callable("cpu", key), lambda device: _ce_fwd_callable("gpu", key),
+                     (logits, target))
+    out = (outs[0],) + ((outs[1],) if return_lse else ()) + ((outs[2],) if return_grad else ())
+    return out[0] if len(out) == 1 else out
+
+
+def cross_entropy_backward(grad_loss, per_token, logits, target, lse, ignore_index, label_smoothing, reduction,
+                           z_loss):
+    """The gradient from a saved lse; grad_loss a float32 array (one element, or per token with
+    ``per_token``) or a Python number."""
+    scale = grad_loss if isinstance(grad_loss, float) else None
+    key = (tuple(logits.shape), _dtypes.canonical(logits.dtype), str(target.dtype), ignore_index,
+           label_smoothing, reduction, z_loss, scale, bool(per_token),
+           None if scale is not None else tuple(grad_loss.shape))
+    gl = None if scale is not None else grad_loss
+    return _dispatch(_ce_bwd_callable("cpu", key), lambda device: _ce_bwd_callable("gpu", key),
+                     (gl, logits, target, lse))
+
+
+@functools.lru_cache(maxsize=None)
+def _ce_fwd_callable(platform: str, key):
+    results, callbacks = _ce_fwd_callbacks(key, platform == "gpu")
+    call = buffer_callback(callbacks[platform], results, vmap_method=_VMAP)
+
+    def run(x, t):
+        return call(x, t)[:3]  # the scratch outputs end here
+
+    return run
+
+
+def _ce_fwd_callbacks(key, gpu: bool):
+    """(results, {"cpu": callback, "gpu": callback}) of the forward; with ``gpu`` the results include
+    the scratch."""
+    from ..cross_entropy import gpu_forward, scratch_sizes
+    shape, x_dt, t_dt, ignore_index, eps, reduction, z, want_lse, want_grad = key
+    N, M = shape[-1], math.prod(shape[:-1])
+    tshape = shape[:-1]
+    f32, i32 = scratch_sizes(M, reduction)
+    results = (_sds(tshape if reduction == "none" else (), "float32"),
+               _sds(tshape, "float32") if want_lse else None,
+               _sds(shape, x_dt) if want_grad else None,
+               _sds((f32,), "float32") if gpu else None,
+               _sds((i32,), "int32") if gpu else None)
+
+    def cpu_cb(ctx, out, x, t):
+        r = _ref.cross_entropy.cross_entropy(_np(x), _np(t), ignore_index=ignore_index, label_smoothing=eps,
+                                             reduction=reduction, z_loss=z, return_lse=True,
+                                             return_grad=want_grad)
+        np.asarray(out[0])[...] = r[0]
+        if out[1] is not None:
+            np.asarray(out[1])[...] = r[1]
+        if out[2] is not None:
+            np.asarray(out[2])[...] = r[2]
+
+    def gpu_cb(ctx, out, x, t):
+        import cupy
+        loss_o, lse_o, grad_o, f32_o, i32_o = out
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            gpu_forward(_ptr(x), _ptr(t), t_dt == "int32", M, N, x_dt, ignore_index, eps, z, reduction,
+                            _ptr(loss_o), _ptr(lse_o), _ptr(grad_o), dev, ctx.stream, _Bump(f32_o, i32_o))
+
+    return results, {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+@functools.lru_cache(maxsize=None)
+def _ce_bwd_callable(platform: str, key):
+    results, callbacks = _ce_bwd_callbacks(key, platform == "gpu")
+    call = buffer_callback(callbacks[platform], results, vmap_method=_VMAP)
+
+    def run(gl, x, t, lse):
+        return call(gl, x, t, lse)[0]
+
+    return run
+
+
+def _ce_bwd_callbacks(key, gpu: bool):
+    from ..cross_entropy import gpu_backward, scratch_sizes
+    shape, x_dt, t_dt, ignore_index, eps, reduction, z, scale, per_token, gl_shape = key
+    N, M = shape[-1], math.prod(shape[:-1])
+    f32, i32 = scratch_sizes(M, reduction, backward=True)
+    results = (_sds(shape, x_dt),
+               _sds((f32,), "float32") if gpu else None,
+               _sds((i32,), "int32") if gpu else None)
+
+    def cpu_cb(ctx, out, gl, x, t, lse):
+        g = scale if gl is None else _np(gl)
+        np.asarray(out[0])[...] = _ref.cross_entropy.cross_entropy_backward(
+            g, _np(x), _np(t), _np(lse), ignore_index=ignore_index, label_smoothing=eps, reduction=reduction,
+            z_loss=z)
+
+    def gpu_cb(ctx, out, gl, x, t, lse):
+        import cupy
+        grad_o, f32_o, i32_o = out
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            gpu_backward(_ptr(gl), per_token, 1.0 if scale is None else scale, _ptr(x), _ptr(t),
+                             t_dt == "int32", _ptr(lse), _ptr(grad_o), M, N, x_dt, ignore_index, eps, z,
+                             reduction, dev, ctx.stream, _Bump(f32_o, i32_o))
+
+    return results, {"cpu": cpu_cb, "gpu": gpu_cb}
