@@ -291,7 +291,13 @@ struct Fp8FwdMinBlocks {
 
 // The same with FP8 output (F = E4M3 / E5M2): y bytes = sat(y * *scale_in); amax of the fp32 y merged
 // into *amax_out; scale_inv written by block 0. Launched with at least one block (M = 0 included).
-template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
+// PERSISTENT: the blocks walk the row groups grid-stride and merge the amax once per block (a barrier,
+// an L2 read and maybe an atomic); the loop costs registers (63 against the plain forward's 48 for
+// <bf16, 8, 4, 4>, so 8 blocks of 128 threads per SM instead of 10). Otherwise one row group per block
+// (grid = the groups, as norm_fwd; 48 registers) and the amax merged per warp, without a barrier
+// (warp_amax_merge). cuda_norms.FWD_FP8_WAVES picks (None: one group per block).
+template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
+          bool PERSISTENT = true>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
                                   (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
@@ -303,12 +309,21 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x;  // 2-D block: flat index for the amax merge
   if (blockIdx.x == 0 && tid == 0) scale_inv_out[0] = __fdiv_rn(1.f, st.scale);
   constexpr int RPB = RowsPerBlock<WARPS>::value;
-  // Grid-stride over groups of RPB rows (block-uniform trip count: every thread reaches the barriers).
-  // With one block per group this is the launch of norm_fwd; a smaller grid merges the amax once per
-  // block instead of once per row group (the barrier, the L2 read and the atomic at the end of every
-  // block cost a block's slot about a microsecond each time).
-  const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
   int parity = 0;  // of the row sums' shared buffers, carried across row groups
+  if constexpr (!PERSISTENT) {
+    const long long row = (long long)blockIdx.x * RPB + threadIdx.y;
+    Vec<T, VEC> a[ITEMS];
+    load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M,
+                                                                     N, eps, zero_centered, parity);
+    warp_amax_merge(st.amax, amax_out);
+    return;
+  }
+  // Grid-stride over groups of RPB rows (block-uniform trip count: every thread reaches the barriers).
+  // A grid smaller than the groups merges the amax once per block instead of once per row group (the
+  // barrier, the L2 read and the atomic at the end of every block cost a block's slot about a
+  // microsecond each time).
+  const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
   for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 #if FK_FP8_FWD_PREFETCH
     // Experiment (off by default; A/B: expbench with EXP_OPTIONS=-DFK_FP8_FWD_PREFETCH=1): the block's

@@ -162,6 +162,20 @@ for (M, N) in ((37, 1024), (9, 4096)):
             print("MISMATCH fp8 one block", "rms" if rms else "ln", M, N)
             ok = False
 cn.FWD_FP8_MAX_GRID = None
+# The non-persistent FP8 forward (FWD_FP8_WAVES = None: one row group per block, the amax merged per
+# warp by atomics), amax checked too.
+waves, cn.FWD_FP8_WAVES = cn.FWD_FP8_WAVES, None
+for (M, N) in ((37, 1024), (9, 4096), (5, 781)):
+    X = cupy.asarray(rng.standard_normal((M, N)).astype("float32"))
+    for rms in (False, True):
+        t = fk.rms_norm(X, fp8_fmt="e4m3", fp8_scale=50.0) if rms else fk.layer_norm(X, fp8_fmt="e4m3", fp8_scale=50.0)
+        y32 = fk.rms_norm(X, out_dtype="float32") if rms else fk.layer_norm(X, out_dtype="float32")
+        cupy.cuda.Device().synchronize()
+        d, _, amax = ref.fp8.quantize_delayed(y32.get(), 50.0, "e4m3")
+        if not (np.array_equal(t.data.get(), d) and t.amax.get()[0] == amax):
+            print("MISMATCH fp8 one group per block", "rms" if rms else "ln", M, N)
+            ok = False
+cn.FWD_FP8_WAVES = waves
 flat = cupy.asarray(rng.standard_normal(5 * 1024 + 1).astype("float32"))
 Xm = flat[1:].reshape(5, 1024)
 t = fk.layer_norm(Xm, fp8_fmt="e4m3", fp8_scale=100.0)

@@ -1,6 +1,7 @@
 """Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
-forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (one row group
-per block: the amax merged at the end of every block) against 1, 2 and 4 waves of resident blocks, two
+forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (the
+non-persistent kernel: one row group per block, the amax merged per warp) against the grid-stride kernel
+on 1, 2 and 4 waves of resident blocks, two
 interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 shapes. (The same knob on
 fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
 tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,

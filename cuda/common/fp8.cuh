@@ -145,5 +145,15 @@ __device__ __forceinline__ void block_amax_merge_flat(float v, float* amax_out, 
 __device__ __forceinline__ void block_amax_merge(float v, float* amax_out) {
   block_amax_merge_flat(v, amax_out, threadIdx.x, blockDim.x);
 }
+// Warp-wide max of v merged into *amax_out by lane 0, without a block barrier: one redux.sync over the
+// float bits (v >= +0 and never NaN, a per-thread fmaxf chain of |y| from 0, so the bits order as the
+// values), then the atomic only where it raises the current value (as above). For kernels of one row
+// group per block, whose blocks would otherwise each pay a barrier for the merge. Every lane of the
+// warp calls it; lane 0 is threadIdx.x % 32 (blockDim.x a multiple of 32).
+__device__ __forceinline__ void warp_amax_merge(float v, float* amax_out) {
+  const unsigned m = __reduce_max_sync(0xffffffffu, __float_as_uint(v));
+  if ((threadIdx.x & 31) == 0 && m > __float_as_uint(__ldcg(amax_out)))
+    atomicMax(reinterpret_cast<unsigned int*>(amax_out), m);
+}
 
 }  // namespace fk

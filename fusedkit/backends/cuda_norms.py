@@ -211,13 +211,14 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w) -> str:
-    """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config."""
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True) -> str:
+    """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
+    grid-stride register kernel (else one row group per block, see norm_fwd_fp8)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}>")
+                f"{_b(plain_w)}{'' if persistent else ', false'}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -332,15 +333,15 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 _fwd_fp8_plans: dict = {}
 
 
-def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent)
     k = _jit.get_kernel(FILE, expr, device)
-    if cfg[0] == "rows":  # grid-stride over row groups: at most the resident blocks x FWD_FP8_WAVES
+    if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
         fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], 0)
-        grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))"
+        grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))" if persistent else f"max(1, rows/{rpb})"
     else:  # norm_fwd_looped_fp8: one block per row
         rpb, block, fit, grid = 1, (1024, 1), None, "max(1, rows)"
     _log_config("norm_fwd_fp8", expr, grid, block)
@@ -349,10 +350,13 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w):
 
 # The FP8 forward walks groups of rows grid-stride: its grid is the resident blocks (occupancy of the
 # compiled kernel) times FWD_FP8_WAVES, so each block merges its amax once rather than once per row
-# group (None: one group per block, the launch of the plain forward; tools/sweep_fp8_grid.py compares).
-# H200, bf16, sweep_fp8_grid_2026-12-03T0949Z.json: RMSNorm 0.65-0.77 -> 0.76-0.83 of copy, LayerNorm
-# 0.55-0.67 -> 0.62-0.70 with 4 waves (1 and 2 waves within 1-2% of it).
-# FWD_FP8_MAX_GRID (None: no cap) forces a smaller grid (tests: several groups per block).
+# group. None: the non-persistent kernel instead (one group per block, the launch of the plain forward,
+# 48 registers where the loop needs 63, the amax merged per warp without a barrier; its H200 A/B is
+# tools/sweep_fp8_grid.py, not run yet). H200, bf16, sweep_fp8_grid_2026-12-03T0949Z.json (None was then
+# the persistent kernel with one group per block and a block merge each): RMSNorm 0.65-0.77 -> 0.76-0.83
+# of copy, LayerNorm 0.55-0.67 -> 0.62-0.70 with 4 waves (1 and 2 waves within 1-2% of it).
+# FWD_FP8_MAX_GRID (None: no cap) forces a smaller grid of the persistent kernel (tests: several
+# groups per block).
 FWD_FP8_WAVES = 4
 FWD_FP8_MAX_GRID = None
 
@@ -365,14 +369,16 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
     plain_w = plain_weights(w, b, rms, zero_centered)
-    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w)
+    persistent = FWD_FP8_WAVES is not None or FWD_FP8_MAX_GRID is not None
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
-        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w)
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w,
+                                                   persistent)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
-    if fit is not None:  # the register kernel: grid-stride over row groups
-        if grid >= 2**31:  # it counts row groups in 32 bits
+    if fit is not None:  # the register kernel
+        if grid >= 2**31:  # it counts row groups in 32 bits (and a grid has at most 2^31 - 1 blocks)
             raise ValueError(f"fusedkit: FP8-output norm of {M} rows of {N}: at most {2**31 * rpb - 1} rows "
                              "per call; split the leading dimension into several calls")
         for cap in (None if FWD_FP8_WAVES is None else fit * FWD_FP8_WAVES, FWD_FP8_MAX_GRID):
@@ -526,6 +532,12 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     return keep
 
 
+def registers_fp8_one_group(N, x_dt, w_dt) -> bool:
+    """Whether all_expressions registers the non-persistent FP8 forward (FWD_FP8_WAVES = None, e4m3)
+    for this shape: the benchmark's and the GPU tests' rows, weights in the input dtype."""
+    return w_dt == x_dt and x_dt in ("bfloat16", "float32") and N in (7, 781, 1024, 4096, 8192, 14336)
+
+
 def all_expressions():
     """Every instantiation the library can request for the shapes it is tested and benchmarked on:
     the compile-all check builds these for each target."""
@@ -543,6 +555,9 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
+                        if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None: the sweep's and tests' shapes
+                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
+                                                         persistent=False))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
                         pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
