@@ -432,11 +432,12 @@ struct OneShotMerge {
   }
 };
 
-// Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
-__device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
-                                                   O* __restrict__ y, long long base, bool row_ok, int v0,
-                                                   int vend, float c, const MERGE& merge) {
+// The statistics of this CTA's part of a row whose vectors sit in registers (MASKING: how `bits`
+// applies), merged over the 32 * WARPS threads of the row (row_merge: every thread of the block calls
+// it, with the same parity).
+template <typename T, int VEC, int ITEMS, int WARPS, int MASKING>
+__device__ __forceinline__ MaxSum row_part_stats(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits, int v0,
+                                                 int vend, float c, int& parity) {
   constexpr int T_ROW = 32 * WARPS;
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
@@ -447,10 +448,15 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
+  return row_merge<WARPS>(MaxSum{k, s}, parity);
+}
 
-  int parity = 0;  // one reduction per row slot
-  const MaxSum st = merge(row_merge<WARPS>(MaxSum{k, s}, parity));
-  if (!row_ok) return;
+// The outputs of a row whose vectors sit in registers, from the row's statistics st.
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
+__device__ __forceinline__ void store_row_out(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
+                                              O* __restrict__ y, long long base, int v0, int vend, float c,
+                                              MaxSum st) {
+  constexpr int T_ROW = 32 * WARPS;
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float log2_s = LOG ? log2f(st.s) : 0.f;
@@ -466,6 +472,17 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
+}
+
+// Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
+__device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
+                                                   O* __restrict__ y, long long base, bool row_ok, int v0,
+                                                   int vend, float c, const MERGE& merge) {
+  int parity = 0;  // one reduction per row slot
+  const MaxSum st = merge(row_part_stats<T, VEC, ITEMS, WARPS, MASKING>(raw, bits, v0, vend, c, parity));
+  if (!row_ok) return;
+  store_row_out<T, O, VEC, ITEMS, WARPS, LOG, MASKING>(raw, bits, y, base, v0, vend, c, st);
 }
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
@@ -609,6 +626,112 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     }
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
                                                         StepMerge<CLUSTER>{&box, step, rank});
+  }
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
+// The staged forward with a one-row lag (sm_90, unmasked; ("staged", vec, items, warps, C, 1) in
+// cuda_softmax.py): two rows in registers. Per step a CTA moves the next row's chunk from the stage to
+// registers (and refills the stage with the row after it), sends that row's partial statistics to the
+// cluster, and only then waits for the current row's merged statistics (sent a step earlier) and
+// writes the current row. The cluster exchange of a row overlaps a whole row of loads and
+// exponentials; in softmax_fwd_staged the stores of a row wait for its exchange (the merge wait, ~1 us a
+// row against ~5-9 us of work, would be the whole gap of 262144 to the copy: docs/perf_notes.rst).
+// Mailbox: four slot sets. A CTA sends step k + 1 before it receives step k, so when it writes the slot
+// set of step k + 1 it has received only step k - 1, which tells it that every CTA has finished step
+// k - 3 (whose slot set this is): ClusterMailbox's rule, shifted by the lag.
+template <typename T, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void take_stage(Vec<T, VEC> (&raw)[ITEMS], const Vec<T, VEC>* stage, int v0, int vend) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (v < vend) {
+      raw[i] = stage[v - v0];
+    } else {
+      vec_zero(raw[i]);
+    }
+  }
+}
+
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__global__ void __launch_bounds__(32 * WARPS, 1)
+softmax_fwd_staged_lag(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
+  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
+  constexpr int T_ROW = 32 * WARPS;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char softmax_stage[];
+  __shared__ unsigned long long bar;
+  __shared__ ClusterMailbox<float4, CLUSTER, 4> box;  // CLUSTER > 1: every CTA's statistics of a row
+  const long long G = gridDim.x / CLUSTER;
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  const unsigned bytes = (unsigned)(vend - v0) * 16u;
+  const V* stage = reinterpret_cast<const V*>(softmax_stage);
+  const StageRing ring(&bar, 1);
+  long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
+  const auto refill = [&](long long r) {  // thread 0, after a block barrier that follows the stage's reads
+    if (threadIdx.x == 0 && bytes > 0 && r < M) {
+      ring.expect(0, bytes);
+      bulk_load(softmax_stage, x + r * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
+  };
+  unsigned phase = 0;
+  const auto wait_stage = [&]() {
+    if (bytes > 0) {
+      ring.wait(0, phase);
+      phase ^= 1u;
+    }
+  };
+  if (threadIdx.x == 0) {
+    ring.init();
+    if constexpr (CLUSTER > 1) box.init();
+  }
+  refill(row);
+  __syncthreads();  // the barrier's init is visible
+  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
+    cluster_arrive();
+    cluster_wait();
+  }
+  const float c = __fmul_rn(scale, kLog2e);
+  V cur[ITEMS];
+  wait_stage();
+  take_stage<T, VEC, ITEMS, T_ROW>(cur, stage, v0, vend);
+  __syncthreads();  // the stage is read: refill it with the next row's chunk
+  refill(row + G);
+  int parity = 0;  // of row_merge's shared buffers, carried across rows
+  MaxSum part = row_part_stats<T, VEC, ITEMS, WARPS, 0>(cur, 0ull, v0, vend, c, parity);
+  if constexpr (CLUSTER > 1) {
+    if (threadIdx.x == 0) box.send_all(StatsOps<MaxSum>::pack(part), 0, rank);
+  }
+  for (int step = 0; row < M; row += G, ++step) {
+    const bool more = row + G < M;  // uniform over the cluster (one row per cluster)
+    V nxt[ITEMS];
+    MaxSum part_next = part;
+    if (more) {
+      wait_stage();
+      take_stage<T, VEC, ITEMS, T_ROW>(nxt, stage, v0, vend);
+      __syncthreads();
+      refill(row + 2 * G);
+      part_next = row_part_stats<T, VEC, ITEMS, WARPS, 0>(nxt, 0ull, v0, vend, c, parity);
+      if constexpr (CLUSTER > 1) {
+        if (threadIdx.x == 0) box.send_all(StatsOps<MaxSum>::pack(part_next), step + 1, rank);
+      }
+    }
+    MaxSum st = part;
+    if constexpr (CLUSTER > 1) {
+      st = merge_ranks<CLUSTER, MaxSum>(box.receive(step));
+      if (threadIdx.x == 0) box.rearm(step);
+    }
+    store_row_out<T, O, VEC, ITEMS, WARPS, LOG, 0>(cur, 0ull, y, row * (long long)N, v0, vend, c, st);
+    if (more) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) cur[i] = nxt[i];
+      part = part_next;
+    }
   }
   if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
     cluster_arrive();
