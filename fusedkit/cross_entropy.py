@@ -14,6 +14,7 @@ from .reference import cross_entropy as _ref
 from ._interop import JAX
 
 REDUCTIONS = _ref.REDUCTIONS
+_JAX_INPLACE = "fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX"
 _INT_DTYPES = ("int32", "int64")
 
 
@@ -57,7 +58,7 @@ def _validate(logits, target, reduction, label_smoothing, z_loss):
 def _host_inplace(fn, kind, logits, arrays, kwargs):
     """The CPU reference with the gradient written over the caller's logits (returned as is)."""
     if kind == "jax_cpu":
-        raise TypeError("fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX")
+        raise TypeError(_JAX_INPLACE)
     conv = [None if a is None else _interop.to_numpy(a, kind) for a in arrays]
     out = fn(*conv, **kwargs)
     if isinstance(out, tuple):
@@ -111,7 +112,7 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         return _interop.run_on_host(_ref.cross_entropy, kind, (logits, target), kw)
     if kind == JAX:  # JAX GPU arrays and traced values: XLA buffer callbacks (fusedkit/jax/_prims.py)
         if inplace_grad:
-            raise TypeError("fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX")
+            raise TypeError(_JAX_INPLACE)
         from .jax import _prims
         return _prims.cross_entropy(logits, target, int(ignore_index), float(label_smoothing), reduction,
                                     float(z_loss), bool(return_lse), bool(return_grad))
@@ -235,7 +236,7 @@ def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100,
         return _interop.run_on_host(fn, kind, (logits, target, lse), {})
     if kind == JAX:
         if inplace_grad:
-            raise TypeError("fusedkit: JAX arrays are immutable; inplace_grad=True is not supported for JAX")
+            raise TypeError(_JAX_INPLACE)
         if gl_is_array and _dtypes.canonical_or_name(grad_loss.dtype) != "float32":
             raise TypeError(f"fusedkit: an array `grad_loss` must be float32, got {grad_loss.dtype}")
         from .jax import _prims

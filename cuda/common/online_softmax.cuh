@@ -70,7 +70,8 @@ __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_non
 // online pass (cross_entropy.cu's looped kernel). A sum with from = -inf is 0, or NaN: fmaxf keeps the
 // key at -inf through NaN values while the sum takes them in, and s * 0 keeps that NaN.
 __device__ __forceinline__ float rescale_keyed(float s, float from, float to) {
-  return from == to ? s : s * (from == -__int_as_float(0x7f800000) ? 0.f : exp2_nonpos(lse_key(from) - lse_key(to)));
+  const float f = from == -__int_as_float(0x7f800000) ? 0.f : exp2_nonpos(lse_key(from) - lse_key(to));
+  return from == to ? s : s * f;
 }
 // log2 of the sum relative to m itself, from a keyed sum s.
 __device__ __forceinline__ float log2_sum_at(float s, float m) {
@@ -104,8 +105,9 @@ __device__ __forceinline__ float rescale_key(float s, float from, float to) {
 
 // What the generic merges below need of a statistics type S: its identity; its key; rebase(v, K), the
 // pair re-expressed relative to a group key K >= v's key (a member with key -inf has s = 0, or NaN when
-// its values were NaN: the factor 0 keeps it; K = -inf, a group without any, counts as key 0); add, of two pairs on one key; xor shuffles of the
-// sums; and a float4 image for shuffles and shared-memory slots (unused lanes of the image are 0).
+// its values were NaN: the factor 0 keeps it; K = -inf, a group without any, counts as key 0); add, of
+// two pairs on one key; xor shuffles of the sums; and a float4 image for shuffles and shared-memory
+// slots (unused lanes of the image are 0).
 template <typename S> struct StatsOps;
 
 template <>

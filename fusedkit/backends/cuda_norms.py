@@ -555,7 +555,7 @@ def all_expressions():
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
                         for fmt in FMT_CXX:
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
-                        if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None: the sweep's and tests' shapes
+                        if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):

@@ -19,8 +19,8 @@ from .. import _dtypes, _interop
 from .. import norms as _fk
 from . import _prims
 
-__all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "gelu", "silu", "relu", "squared_relu", "swiglu",
-           "geglu", "reglu"]
+__all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "gelu", "silu", "relu",
+           "squared_relu", "swiglu", "geglu", "reglu"]
 
 
 def _cast(g, like):
