@@ -558,6 +558,43 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // sends step k + 1 only after the block barrier of row k + 1, which follows every thread's use of step
 // k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
 // memory = ceil(N / VEC / CLUSTER) x 16 bytes.
+// A CTA's part of a staged row: the 16-byte vectors [v0, vend) of chunk = ceil(nvec / CLUSTER) each (the
+// last CTAs' parts may be short or empty), copied into the stage by one bulk copy of `bytes`.
+template <int VEC, int CLUSTER>
+struct StagedPart {
+  int rank, v0, vend;
+  unsigned bytes;
+  __device__ __forceinline__ explicit StagedPart(int N) {
+    rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+    const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+    v0 = min(rank * chunk, nvec);
+    vend = min(v0 + chunk, nvec);
+    bytes = (unsigned)(vend - v0) * 16u;
+  }
+  // The bulk copy of row `row`'s part into the stage (the caller's thread 0; none for an empty part).
+  template <typename T>
+  __device__ __forceinline__ void fill(void* stage, const T* x, long long row, int N, const StageRing& ring) const {
+    if (bytes > 0) {
+      ring.expect(0, bytes);
+      bulk_load(stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
+  }
+};
+
+// This thread's vectors of the staged part into registers (thread t takes vectors t + i T_ROW).
+template <typename T, int VEC, int ITEMS, int T_ROW>
+__device__ __forceinline__ void take_stage(Vec<T, VEC> (&raw)[ITEMS], const Vec<T, VEC>* stage, int v0, int vend) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (v < vend) {
+      raw[i] = stage[v - v0];
+    } else {
+      vec_zero(raw[i]);
+    }
+  }
+}
+
 template <int CLUSTER>
 struct StepMerge {
   ClusterMailbox<float4, CLUSTER, 2>* box;
@@ -582,20 +619,15 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   __shared__ unsigned long long bar;
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
   const long long G = gridDim.x / CLUSTER;
-  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  const unsigned bytes = (unsigned)(vend - v0) * 16u;
+  const StagedPart<VEC, CLUSTER> mine(N);
+  const int v0 = mine.v0, vend = mine.vend;
   const V* stage = reinterpret_cast<const V*>(softmax_stage);
   const StageRing ring(&bar, 1);
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   if (threadIdx.x == 0) {
     ring.init();
     if constexpr (CLUSTER > 1) box.init();
-    if (bytes > 0) {
-      ring.expect(0, bytes);
-      bulk_load(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
+    mine.fill(softmax_stage, x, row, N, ring);
   }
   __syncthreads();  // the barrier's init is visible
   if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
@@ -605,27 +637,16 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
   for (int step = 0; row < M; row += G, ++step) {
-    if (bytes > 0) {
+    if (mine.bytes > 0) {
       ring.wait(0, phase);
       phase ^= 1u;
     }
     V raw[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        raw[i] = stage[v - v0];
-      } else {
-        vec_zero(raw[i]);
-      }
-    }
+    take_stage<T, VEC, ITEMS, T_ROW>(raw, stage, v0, vend);
     __syncthreads();  // the stage is read: refill it with the next row's chunk
-    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
-      ring.expect(0, bytes);
-      bulk_load(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
+    if (threadIdx.x == 0 && mine.bytes > 0 && row + G < M) mine.fill(softmax_stage, x, row + G, N, ring);
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
-                                                        StepMerge<CLUSTER>{&box, step, rank});
+                                                        StepMerge<CLUSTER>{&box, step, mine.rank});
   }
   if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
     cluster_arrive();
@@ -643,19 +664,6 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
 // Mailbox: four slot sets. A CTA sends step k + 1 before it receives step k, so when it writes the slot
 // set of step k + 1 it has received only step k - 1, which tells it that every CTA has finished step
 // k - 3 (whose slot set this is): ClusterMailbox's rule, shifted by the lag.
-template <typename T, int VEC, int ITEMS, int T_ROW>
-__device__ __forceinline__ void take_stage(Vec<T, VEC> (&raw)[ITEMS], const Vec<T, VEC>* stage, int v0, int vend) {
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = v0 + threadIdx.x + i * T_ROW;
-    if (v < vend) {
-      raw[i] = stage[v - v0];
-    } else {
-      vec_zero(raw[i]);
-    }
-  }
-}
-
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, 1)
 softmax_fwd_staged_lag(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
@@ -666,22 +674,17 @@ softmax_fwd_staged_lag(const T* __restrict__ x, O* __restrict__ y, long long M, 
   __shared__ unsigned long long bar;
   __shared__ ClusterMailbox<float4, CLUSTER, 4> box;  // CLUSTER > 1: every CTA's statistics of a row
   const long long G = gridDim.x / CLUSTER;
-  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  const unsigned bytes = (unsigned)(vend - v0) * 16u;
+  const StagedPart<VEC, CLUSTER> mine(N);
+  const int v0 = mine.v0, vend = mine.vend, rank = mine.rank;
   const V* stage = reinterpret_cast<const V*>(softmax_stage);
   const StageRing ring(&bar, 1);
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   const auto refill = [&](long long r) {  // thread 0, after a block barrier that follows the stage's reads
-    if (threadIdx.x == 0 && bytes > 0 && r < M) {
-      ring.expect(0, bytes);
-      bulk_load(softmax_stage, x + r * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
+    if (threadIdx.x == 0 && r < M) mine.fill(softmax_stage, x, r, N, ring);
   };
   unsigned phase = 0;
   const auto wait_stage = [&]() {
-    if (bytes > 0) {
+    if (mine.bytes > 0) {
       ring.wait(0, phase);
       phase ^= 1u;
     }
