@@ -547,17 +547,6 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
-// Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
-// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters). Its chunk of the next
-// row arrives by one bulk copy into shared memory while it reduces and writes the current one from
-// registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
-// register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues the next row's copy,
-// and the statistics, merge and output run as in softmax_fwd_finish. Without it, the CTAs of a wave
-// load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87 of copy at 65536).
-// Cluster merge per row: a two-slot ClusterMailbox (common/cluster.cuh), step k = the k-th row: a CTA
-// sends step k + 1 only after the block barrier of row k + 1, which follows every thread's use of step
-// k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
-// memory = ceil(N / VEC / CLUSTER) x 16 bytes.
 // A CTA's part of a staged row: the 16-byte vectors [v0, vend) of chunk = ceil(nvec / CLUSTER) each (the
 // last CTAs' parts may be short or empty), copied into the stage by one bulk copy of `bytes`.
 template <int VEC, int CLUSTER>
@@ -595,6 +584,17 @@ __device__ __forceinline__ void take_stage(Vec<T, VEC> (&raw)[ITEMS], const Vec<
   }
 }
 
+// Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
+// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters). Its chunk of the next
+// row arrives by one bulk copy into shared memory while it reduces and writes the current one from
+// registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
+// register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues the next row's copy,
+// and the statistics, merge and output run as in softmax_fwd_finish. Without it, the CTAs of a wave
+// load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87 of copy at 65536).
+// Cluster merge per row: a two-slot ClusterMailbox (common/cluster.cuh), step k = the k-th row: a CTA
+// sends step k + 1 only after the block barrier of row k + 1, which follows every thread's use of step
+// k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
+// memory = ceil(N / VEC / CLUSTER) x 16 bytes.
 template <int CLUSTER>
 struct StepMerge {
   ClusterMailbox<float4, CLUSTER, 2>* box;

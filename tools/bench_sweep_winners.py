@@ -1,8 +1,9 @@
 """Benchmark with the winners of a sweep in place: reads the sweep JSON of tools/sweep_norms.py (each
 (op, N)'s fastest backward config into cuda_norms.TUNED_STAGED / TUNED_PAIR) or of
 tools/sweep_cross_entropy.py (each N's fastest config into cuda_cross_entropy.TUNED, bf16), for this
-process only, prints them, then runs ``fusedkit bench`` with the remaining arguments. For a device call that sweeps and
-confirms in one go; a winner is shipped only by editing cuda_norms.py afterwards.
+process only, prints them, then runs ``fusedkit bench`` with the remaining arguments. For a device call
+that sweeps and confirms in one go; a winner is shipped only by editing cuda_norms.py /
+cuda_cross_entropy.py afterwards.
 
     python3 tools/bench_sweep_winners.py SWEEP_JSON --only norm_fwd --rounds 3 --out DIR
 """

@@ -121,7 +121,8 @@ if has bench; then
 fi
 if has expbench; then  # A/B of a compile-time experiment: EXP_OPTIONS (NVRTC defines) on EXP_ONLY ops
   FUSEDKIT_NVRTC_OPTIONS="${EXP_OPTIONS:--DFK_FAST_EXP=0}" FUSEDKIT_CACHE_DIR=/tmp/fkcache_exp \
-    timeout $(left 300) python3 -m fusedkit bench --only "${EXP_ONLY:-softmax,cross_entropy}" ${EXP_BENCH_ARGS:-} --out "$OUT/results" \
+    timeout $(left 300) python3 -m fusedkit bench --only "${EXP_ONLY:-softmax,cross_entropy}" ${EXP_BENCH_ARGS:-} \
+      --out "$OUT/results" \
     > "$OUT/expbench.log" 2>&1; echo "expbench rc=$?" >> "$OUT/expbench.log"
 fi
 if has asv; then
