@@ -265,6 +265,28 @@ def test_staged_for_gpu_and_cpu(monkeypatch):
     assert_close(jax.jit(fj.rms_norm)(X, W), ref64(x, w, None, dy, 1e-6, True)[0], "float32", "rms y")
 
 
+def test_committed_arrays_pick_the_device():
+    """An uncommitted scalar (jnp.asarray: the default device) follows committed logits, as JAX runs it;
+    the H200 run caught a GPU kernel picked for CPU logits because the scalar came first."""
+    class Dev:
+        def __init__(self, platform):
+            self.platform = platform
+
+    class Arr:
+        def __init__(self, dev, committed):
+            self.dev, self.committed = dev, committed
+
+        def devices(self):
+            return {self.dev}
+
+    gpu, cpu, cpu2 = Dev("gpu"), Dev("cpu"), Dev("cpu")
+    pick = _prims._concrete_device
+    assert pick((Arr(gpu, False), Arr(cpu, True), None)) is cpu
+    assert pick((None, Arr(gpu, False), Arr(gpu, False))) is gpu
+    assert pick((Arr(cpu, True), Arr(cpu2, True))) is None       # two committed devices: left to JAX
+    assert pick((Arr(gpu, False), jax.core.ShapedArray((), jnp.float32))) is None  # no devices(): staged
+
+
 @pytest.mark.gpu
 def test_gpu_jit_inside_larger_program():
     """On a GPU: the kernels run on XLA's stream between XLA ops inside one jit program."""

@@ -64,22 +64,28 @@ def _ordinal(dev) -> int:
 
 
 def _concrete_device(args):
-    """The device of eager (concrete) arrays; None when any is traced (decided at lowering)."""
-    dev = None
+    """The device the call runs on, for eager (concrete) arrays; None when any is traced (decided at lowering).
+
+    Committed arrays (placed with ``device_put`` or computed there) decide over uncommitted ones: a scalar
+    made with ``jnp.asarray`` sits on the default device but follows the logits to the CPU, as JAX does.
+    """
+    committed, loose = [], []
     for a in args:
         if a is None:
             continue
         if isinstance(a, jax.core.Tracer):
             return None
-        if dev is None:
-            try:
-                devs = a.devices()
-            except Exception:
-                return None
-            if len(devs) != 1:
-                return None
-            dev = next(iter(devs))
-    return dev
+        try:
+            devs = a.devices()
+        except Exception:
+            return None
+        if len(devs) != 1:
+            return None
+        (committed if getattr(a, "committed", True) else loose).append(next(iter(devs)))
+    devs = committed or loose
+    if not devs or any(d != devs[0] for d in devs):
+        return None  # none, or committed to different devices: JAX itself reports that at the call
+    return devs[0]
 
 
 def _dispatch(cpu_fn, gpu_fn, args):
