@@ -166,8 +166,8 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 // load_beta supply the defaults (1, 0) and the + 1: their default values, null tests and adds cost
 // about 3 instructions per element in the SASS, which the common case no longer carries. (A uniform
 // branch per row instead of the flag made ptxas spill in the FP8 kernels under their register caps.)
-template <bool PLAIN_W, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, typename Elem>
-__device__ __forceinline__ void store_row(const Elem& elem, const W* __restrict__ w,
+template <bool PLAIN_W, typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
+__device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
                                           const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                           typename OUT::State& st, int nvec, float mean, float rstd,
                                           int zero_centered) {
@@ -197,26 +197,25 @@ __device__ __forceinline__ void store_row(const Elem& elem, const W* __restrict_
       if constexpr (OUT::kFp8) {
         float o[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = (elem(i, j) - mean) * rstd * g[j] + beta[j];
+        for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j];
         OUT::template put<VEC>(y + (long long)v * VEC, o, st);
       } else {
         Vec<O, VEC> out;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((elem(i, j) - mean) * rstd * g[j] + beta[j]);
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j]);
         store_vec<O, VEC>(y + (long long)v * VEC, out);
       }
     }
   }
 }
 
-// The statistics and the output of one row, element (i, j) of the thread's vectors read through `elem`
-// (all threads of the block call it: barriers). normalize_row below supplies the accessor.
-template <typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W, typename Elem>
-__device__ __forceinline__ void normalize_elems(const Elem& elem, const W* __restrict__ w,
-                                                const W* __restrict__ b, typename OUT::Store* __restrict__ y,
-                                                typename OUT::State& st, float* __restrict__ mean_out,
-                                                float* __restrict__ rstd_out, long long row, bool row_ok, int N,
-                                                float eps, int zero_centered, int& parity) {
+// Statistics and output of one row held in registers (all threads of the block call it: barriers).
+template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
+__device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
+                                              const W* __restrict__ b, typename OUT::Store* __restrict__ y,
+                                              typename OUT::State& st, float* __restrict__ mean_out,
+                                              float* __restrict__ rstd_out, long long row, bool row_ok, int N,
+                                              float eps, int zero_centered, int& parity) {
   constexpr int T_ROW = 32 * WARPS;
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
@@ -228,7 +227,7 @@ __device__ __forceinline__ void normalize_elems(const Elem& elem, const W* __res
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += elem(i, j);
+      for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
     mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
   }
   float ss = 0.f;
@@ -237,7 +236,7 @@ __device__ __forceinline__ void normalize_elems(const Elem& elem, const W* __res
     if (threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = elem(i, j) - mean;
+        const float d = vec_elem(raw[i], j) - mean;
         ss += d * d;
       }
     }
@@ -249,38 +248,7 @@ __device__ __forceinline__ void normalize_elems(const Elem& elem, const W* __res
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
   const long long base = row * (long long)N;
-  store_row<PLAIN_W, W, OUT, VEC, ITEMS, WARPS, RMS>(elem, w, b, y + base, st, nvec, mean, rstd, zero_centered);
-}
-
-// Statistics and output of one row held in registers (all threads of the block call it: barriers).
-// F32_ROW: the row is widened to fp32 once, into registers, and the three passes (mean, variance,
-// output) read that copy; otherwise each pass widens the stored 16-bit elements again (one shift or
-// mask per element and pass: 2 instructions per element more, half the row registers). The values,
-// and so the results, are the same bit for bit.
-template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          bool F32_ROW = false>
-__device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
-                                              const W* __restrict__ b, typename OUT::Store* __restrict__ y,
-                                              typename OUT::State& st, float* __restrict__ mean_out,
-                                              float* __restrict__ rstd_out, long long row, bool row_ok, int N,
-                                              float eps, int zero_centered, int& parity) {
-  if constexpr (F32_ROW) {
-    float f[ITEMS][VEC];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        f[i][j] = vec_elem(raw[i], j);
-        asm("" : "+f"(f[i][j]));  // opaque: the compiler would otherwise widen again at every use
-      }
-    normalize_elems<W, OUT, VEC, ITEMS, WARPS, RMS, PLAIN_W>([&](int i, int j) { return f[i][j]; }, w, b, y, st,
-                                                             mean_out, rstd_out, row, row_ok, N, eps,
-                                                             zero_centered, parity);
-  } else {
-    normalize_elems<W, OUT, VEC, ITEMS, WARPS, RMS, PLAIN_W>([&](int i, int j) { return vec_elem(raw[i], j); }, w,
-                                                             b, y, st, mean_out, rstd_out, row, row_ok, N, eps,
-                                                             zero_centered, parity);
-  }
+  store_row<PLAIN_W, T, W, OUT, VEC, ITEMS, WARPS, RMS>(raw, w, b, y + base, st, nvec, mean, rstd, zero_centered);
 }
 
 // One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
@@ -310,10 +278,10 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
 // what the grid-stride loop keeps live: <= 16 B of row: 40, <= 32 B: 48 (RMS) / 56 (LayerNorm: gamma and
 // beta), <= 64 B: 64, each 8 more with fp32 weights; longer register rows keep the plain hint (1 block).
 // No instantiation spills under these caps (compile-all check; 8 fewer spilled up to 40 bytes).
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, bool F32_ROW = false>
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 struct Fp8FwdMinBlocks {
   static constexpr int threads = 32 * WARPS * RowsPerBlock<WARPS>::value;
-  static constexpr int row_bytes = ITEMS * VEC * (F32_ROW ? 4 : (int)sizeof(T));  // as held in registers
+  static constexpr int row_bytes = ITEMS * VEC * (int)sizeof(T);
   static constexpr int w_regs = sizeof(W) == 4 ? 8 : 0;  // fp32 gamma / beta: twice the load registers
   static constexpr int regs = row_bytes <= 16 ? 40 + w_regs : row_bytes <= 32 ? (RMS ? 48 : 56) + w_regs
                             : row_bytes <= 64 ? 64 + w_regs : 0;
@@ -329,9 +297,9 @@ struct Fp8FwdMinBlocks {
 // (grid = the groups, as norm_fwd; 48 registers) and the amax merged per warp, without a barrier
 // (warp_amax_merge). cuda_norms.FWD_FP8_WAVES picks (None: one group per block).
 template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          bool PERSISTENT = true, bool F32_ROW = false>
+          bool PERSISTENT = true>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
-                                  (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS, F32_ROW>::value))
+                                  (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
              const W* __restrict__ b, unsigned char* __restrict__ y, T* __restrict__ sum_out,
              float* __restrict__ mean_out, float* __restrict__ rstd_out, const float* __restrict__ scale_in,
@@ -346,8 +314,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     const long long row = (long long)blockIdx.x * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
     load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, F32_ROW>(a, w, b, y, st, mean_out, rstd_out, row,
-                                                                              row < M,
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M,
                                                                      N, eps, zero_centered, parity);
     warp_amax_merge(st.amax, amax_out);
     return;
@@ -376,8 +343,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
     load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, F32_ROW>(a, w, b, y, st, mean_out, rstd_out, row,
-                                                                              row < M, N,
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
                                                            eps, zero_centered, parity);
   }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);

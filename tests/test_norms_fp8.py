@@ -240,23 +240,19 @@ def test_fp8_misaligned_views_and_device_scale(backend):
 
 
 @pytest.mark.parametrize("backend", backend_params(GPU))
-@pytest.mark.parametrize("grid", [1, 3, 7, "one_group", "one_group_f32_row", "3_f32_row"])
+@pytest.mark.parametrize("grid", [1, 3, 7, "one_group"])
 @pytest.mark.parametrize("N", [7, 781, 1024, 4096])
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_fp8_grid_stride(backend, grid, N, rms, monkeypatch):
     """The register forward walks row groups grid-stride: a grid much smaller than the groups (several
     groups per block, the amax merged once per block, rows of the last group missing) gives the same
     bytes, scale_inv and amax as the CPU reference, and the statistics of every row. "one_group": the
-    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp);
-    "_f32_row": the row widened to fp32 once in registers (FWD_FP8_F32_ROW)."""
+    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp)."""
     from fusedkit.backends import cuda_norms
-    if str(grid).endswith("_f32_row"):
-        monkeypatch.setattr(cuda_norms, "FWD_FP8_F32_ROW", True)
-        grid = grid[:-len("_f32_row")]
     if grid == "one_group":
         monkeypatch.setattr(cuda_norms, "FWD_FP8_WAVES", None)
     else:
-        monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", int(grid))
+        monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", grid)
     skip_unsupported(backend, "bfloat16")
     M = 1151  # not a multiple of any rows-per-block
     rng, x, w, b = _make(("fp8grid", backend, grid, N, rms), (M, N), "bfloat16", "bfloat16")

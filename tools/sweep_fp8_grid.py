@@ -1,9 +1,11 @@
-"""A/B of the norm forward with FP8 output on the GPU, bytes 3MN (read x, write FP8): the grid
-(cuda_norms.FWD_FP8_WAVES: 4 waves of the grid-stride kernel, or None, the non-persistent kernel with one
-row group per block and the amax merged per warp), the row widened to fp32 once
-(cuda_norms.FWD_FP8_F32_ROW) and fp32 weights (VARIANTS below), two interleaved rounds (drift shows up
-as disagreement), bf16, the benchmark's FP8 shapes. H200 run of 2026-12-04 (sweep_fp8_grid log of the
-first call): None against 1 / 2 / 4 waves within 1-2 % (RMSNorm slightly ahead with None, LayerNorm not). (The same knob on
+"""Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
+forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (the
+non-persistent kernel: one row group per block, the amax merged per warp) against the grid-stride kernel
+on 1, 2 and 4 waves of resident blocks, two
+interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 shapes. H200, 2026-12-04
+(sweep_fp8_grid_2026-12-04T1630Z.json): None against 1 / 2 / 4 waves within 1-2 % at most shapes (RMSNorm a
+little ahead with None, LayerNorm not); the same day a row widened to fp32 once in registers (24-48
+fewer instructions, 9-13 more registers) and fp32 weights both lost (sweep_fp8_grid_2026-12-04T1645Z). (The same knob on
 fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
 tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,
 and the best per (op, shape); writes JSON to argv[1].
@@ -23,30 +25,21 @@ import fusedkit as fk
 from fusedkit.backends import cuda_norms
 from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, precompile, sweep_configs
 
-# (FWD_FP8_WAVES, FWD_FP8_F32_ROW, fp32 weights): the shipped grid-stride kernel on 4 waves, the
-# non-persistent one, each with the row widened to fp32 once (F32_ROW), and with gamma / beta handed
-# over in fp32 (no widening of the weights in the kernel; the caller's conversion is not timed).
-VARIANTS = ((4, False, False), (None, False, False), (4, True, False), (None, True, False), (4, True, True),
-            (None, True, True))
-
-
-def variant_name(v):
-    waves, f32_row, w32 = v
-    return f"waves={waves}" + (" f32_row" if f32_row else "") + (" w32" if w32 else "")
+WAVES = (None, 1, 2, 4)
 
 
 def cases(M, N):
-    """(op, bytes, callable taking fp32 weights or not)."""
+    """(op, knob module, knob name, bytes, callable)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
     w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
     b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
-    wf, bf = w.float(), b.float()
     scale = torch.full((1,), 448.0 / 6.0, device="cuda")
     return [
-        ("layer_norm_fp8_fwd", 3 * M * N,
-         lambda w32: fk.layer_norm(x, wf if w32 else w, bf if w32 else b, fp8_fmt="e4m3", fp8_scale=scale)),
-        ("rms_norm_fp8_fwd", 3 * M * N, lambda w32: fk.rms_norm(x, wf if w32 else w, fp8_fmt="e4m3", fp8_scale=scale)),
+        ("layer_norm_fp8_fwd", cuda_norms, "FWD_FP8_WAVES", 3 * M * N,
+         lambda: fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=scale)),
+        ("rms_norm_fp8_fwd", cuda_norms, "FWD_FP8_WAVES", 3 * M * N,
+         lambda: fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=scale)),
     ]
 
 
@@ -98,22 +91,22 @@ def main(out_path):
     if os.environ.get("SWEEP_FP8_CONFIGS") == "1":
         return sweep_configs_main(out_path, timer, copy)
     results = []
-    default = cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_F32_ROW
     for M, N in FP8_SHAPES:
-        for op, nbytes, run in cases(M, N):
+        for op, mod, knob, nbytes, run in cases(M, N):
+            default = getattr(mod, knob)
             rows = []
             for rnd in range(2):
-                for v in VARIANTS:
-                    cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_F32_ROW, w32 = v
-                    ms = timer.ms(lambda: run(w32))
+                for waves in WAVES:
+                    setattr(mod, knob, waves)
+                    ms = timer.ms(run)
                     gbps = nbytes / ms / 1e6
-                    rows.append(dict(op=op, shape=[M, N], variant=variant_name(v), waves=v[0], f32_row=v[1],
-                                     fp32_weights=v[2], round=rnd, ms=ms, GBps=gbps, of_copy=gbps / copy))
-                    print(f"{op:20s} {M}x{N} {variant_name(v):26s} round {rnd}: {ms * 1e3:8.1f} us "
+                    rows.append(dict(op=op, shape=[M, N], knob=knob, waves=waves, round=rnd, ms=ms, GBps=gbps,
+                                     of_copy=gbps / copy))
+                    print(f"{op:20s} {M}x{N} {knob}={str(waves):4s} round {rnd}: {ms * 1e3:8.1f} us "
                           f"{gbps:6.0f} GB/s {gbps / copy:.3f} of copy", flush=True)
-            cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_F32_ROW = default
+            setattr(mod, knob, default)
             best = min(rows, key=lambda r: r["ms"])
-            print(f"BEST {op} {M}x{N}: {best['variant']} {best['of_copy']:.3f} of copy")
+            print(f"BEST {op} {M}x{N}: {knob}={best['waves']} {best['of_copy']:.3f} of copy")
             results += rows
     with open(out_path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, rows=results), f, indent=1)

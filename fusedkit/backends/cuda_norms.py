@@ -211,16 +211,14 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, f32_row=False) -> str:
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
-    grid-stride register kernel (else one row group per block, see norm_fwd_fp8); ``f32_row``: the row
-    held in registers widened to fp32 once (see normalize_row)."""
+    grid-stride register kernel (else one row group per block, see norm_fwd_fp8)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        tail = f", {_b(persistent)}, true" if f32_row else ("" if persistent else ", false")
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}{tail}>")
+                f"{_b(plain_w)}{'' if persistent else ', false'}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -335,10 +333,9 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 _fwd_fp8_plans: dict = {}
 
 
-def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, f32_row):
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent,
-                        f32_row=f32_row and ITEMSIZE[x_dt] == 2)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
         warps = cfg[3]
@@ -362,10 +359,6 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
 # groups per block).
 FWD_FP8_WAVES = 4
 FWD_FP8_MAX_GRID = None
-# FWD_FP8_F32_ROW: 16-bit rows widened to fp32 once in registers (normalize_row's F32_ROW): the FP8
-# forward is issue-bound (Nsight Compute, run 095813Z) and the 16-bit row costs a shift or a mask per
-# element in each of its three passes. A/B: tools/sweep_fp8_grid.py.
-FWD_FP8_F32_ROW = False
 
 
 def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
@@ -377,10 +370,11 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
     plain_w = plain_weights(w, b, rms, zero_centered)
     persistent = FWD_FP8_WAVES is not None or FWD_FP8_MAX_GRID is not None
-    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, FWD_FP8_F32_ROW)
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
-        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(*key)
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w,
+                                                   persistent)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
     if fit is not None:  # the register kernel
