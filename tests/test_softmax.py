@@ -554,13 +554,6 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
     (65544, ("staged", 8, 8, 32, 2), 2),         # cluster of 2, last chunk partial, 3 rows per cluster
     (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
     (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
-    # the one-row lag (softmax_fwd_staged_lag): two rows in registers, four mailbox slot sets
-    (65536, ("staged", 8, 8, 16, 2, 1), None),   # cluster of 2, rows walked by the resident grid
-    (65544, ("staged", 8, 8, 16, 4, 1), 2),      # cluster of 4, last chunk partial, 3 rows per cluster
-    (65536, ("staged", 8, 8, 16, 2, 1), 1),      # one cluster walks all 6 rows: every slot set reused
-    (4104, ("staged", 8, 2, 4, 4, 1), 4),        # chunks of 129 vectors (last 126)
-    (800, ("staged", 8, 1, 1, 16, 1), 1),        # cluster of 16, 6 rows, the last CTA holds nothing
-    (800, ("staged", 8, 4, 1, 1, 1), 2),         # no cluster: a CTA's own statistics, 3 rows each
 ], ids=str)
 def test_staged_forward(monkeypatch, N, cfg, max_grid):
     """The persistent staged forward (a bulk copy of the next row's chunk per CTA) against the float64

@@ -73,13 +73,11 @@ for dtype, shape in CASES:
             y = fk.softmax(X, mask=cupy.asarray(m), causal=causal)
             check(f"{name} {dtype} {shape}", y, ref.softmax(x, mask=m, causal=causal), tol)
 # the persistent staged forward: each CTA walks several rows (grid capped), a partial last chunk, a
-# cluster of 16 whose last CTA holds nothing; the one-row lag with 9 rows over 2 clusters (slot sets
-# reused, racecheck's case)
+# cluster of 16 whose last CTA holds nothing
 cs.STAGED_MAX_GRID = 2
 real_fwd_config = cs.fwd_config
 for shape, cfg in (((5, 65536), ("staged", 8, 8, 32, 1)), ((5, 65544), ("staged", 8, 8, 32, 2)),
-                   ((5, 800), ("staged", 8, 1, 1, 16)),
-                   ((9, 65544), ("staged", 8, 8, 16, 4, 1)), ((9, 800), ("staged", 8, 1, 1, 16, 1))):
+                   ((5, 800), ("staged", 8, 1, 1, 16))):
     cs.fwd_config, cs._fwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
     x = (rng.standard_normal(shape) * 2).astype("float16")
     check(f"staged softmax {cfg} {shape}", fk.softmax(cupy.asarray(x), scale=0.5), ref.softmax(x, scale=0.5), 4e-3)

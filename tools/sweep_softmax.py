@@ -1,6 +1,6 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
-vectors per thread), clusters (C CTAs x warps x vectors), the staged forward (rows of 32768+; with and
-without the one-row lag, the config's sixth field) and the looped kernel, forward and backward.
+vectors per thread), clusters (C CTAs x warps x vectors), the staged forward (rows of 32768+) and the
+looped kernel, forward and backward.
 
     python3 tools/sweep_softmax.py out.json
 
@@ -46,8 +46,6 @@ def candidates(N, direction):
                     cap = c * 32 * warps * items
                     if items >= MIN_ITEMS and cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
                         out.append(("staged", vec, items, warps, c))
-                        if 32 * warps * items * 2 <= 8192:  # the one-row lag: two rows of <= 64 registers
-                            out.append(("staged", vec, items, warps, c, 1))
     return out + [("looped", vec)]
 
 

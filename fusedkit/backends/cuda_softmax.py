@@ -10,8 +10,6 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 * ``("staged", vec, items, warps, C)``: sm_90, unmasked forward only: the register mapping of
   ``cluster`` (C = 1: a CTA per row) in a persistent grid, each CTA's chunk of the next row arriving by a
   bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
-  An optional sixth field 1 picks softmax_fwd_staged_lag: two rows in registers, each row's cluster
-  exchange overlapped by the next row's work (staged_lag; tests and sweeps force it, no shape ships it).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -126,9 +124,9 @@ def fwd_expr(cfg, x_dt, o_dt, log, masking) -> str:
         return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
     if cfg[0] == "staged":
         assert masking == MASK_NONE, "the staged forward has no masks"
+        assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
         vec, items, warps, c = cfg[1:5]
-        kernel = "softmax_fwd_staged_lag" if staged_lag(cfg) else "softmax_fwd_staged"
-        return f"fk::{kernel}<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
+        return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
     return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
 
 
@@ -152,12 +150,6 @@ def _geometry(cfg):
     if cfg[0] in ("cluster", "staged"):
         return (32 * cfg[3], 1), 1, cfg[4]
     return (LOOPED_THREADS, 1), 1, 1
-
-
-def staged_lag(cfg) -> bool:
-    """A staged config's optional sixth field: 1 = softmax_fwd_staged_lag (two rows in registers, a
-    row's cluster exchange overlapped by the next row's work; not yet measured on the H200)."""
-    return len(cfg) > 5 and bool(cfg[5])
 
 
 def staged_smem(cfg, N) -> int:
@@ -369,10 +361,6 @@ def all_expressions():
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
                         exprs.add(fwd_expr(fwd_config(N, s, clusters, masked=True), dt, dt, False, masking))
-                if N == 262144 and clusters:  # the one-row-lag staged kernel at the shipped split
-                    st = fwd_config(N, s, clusters, staged=True)
-                    if st[0] == "staged":
-                        exprs.add(fwd_expr(st[:5] + (1,), dt, dt, False, MASK_NONE))
                 if N in (781, 4096, 65536) and dt != "float32":
                     exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE))
                     exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, "float32", False, MASK_NONE))

@@ -1,0 +1,71 @@
+"""A/B on the GPU: what the per-call fill kernel of the FP8 ops costs. Every FP8 op zeroes a fresh amax
+buffer (fusedkit._interop.full: a fill kernel queued before the op's kernel); variant "nofill" hands out
+a buffer zeroed once, outside the timed region, so the op's kernel runs alone (its amax is then wrong:
+timing only). Same timer as the benchmark (L2 flushed, median), interleaved rounds. Prints a table;
+writes JSON to argv[1]. H200, 2026-12-04 (ab_amax_fill_2026-12-04T1700Z.json): 2.1-2.5 us per call.
+
+    PYTHONPATH=. python3 tools/ab_amax_fill.py $OUT/ab_amax_fill.json
+"""
+import json
+import sys
+
+import torch
+
+import fusedkit as fk
+from fusedkit import _interop
+from fusedkit.bench import GpuTimer, copy_gbps
+
+SHAPES = ((32768, 4096), (16384, 8192))
+real_full = _interop.full
+_cache = {}
+
+
+def cached_full(kind, like, shape, dtype, value):
+    key = (kind, tuple(shape), dtype, value)
+    if key not in _cache:
+        _cache[key] = real_full(kind, like, shape, dtype, value)
+    return _cache[key]
+
+
+def cases(M, N):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
+    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
+    b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
+    s_norm = torch.full((1,), 448.0 / 6.0, device="cuda")
+    s_cast = torch.full((1,), 0.37, device="cuda")
+    return [("layer_norm_fp8_fwd", 3 * M * N, lambda: fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=s_norm)),
+            ("rms_norm_fp8_fwd", 3 * M * N, lambda: fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=s_norm)),
+            ("fp8_quantize_delayed", 3 * M * N, lambda: fk.quantize(x, fmt="e4m3", scale=s_cast)),
+            ("fp8_cast_transpose", 4 * M * N, lambda: fk.cast_transpose(x, fmt="e4m3", scale=s_cast)),
+            ("layer_norm_fwd (no fill)", 4 * M * N, lambda: fk.layer_norm(x, w, b))]
+
+
+def main(out_path):
+    timer = GpuTimer(torch)
+    copy = copy_gbps(torch, timer)
+    rows = []
+    for M, N in SHAPES:
+        for op, nbytes, fn in cases(M, N):
+            for rnd in range(3):
+                for variant in ("fill", "nofill"):
+                    _interop.full = real_full if variant == "fill" else cached_full
+                    ms = timer.ms(fn)
+                    _interop.full = real_full
+                    r = dict(op=op, shape=[M, N], variant=variant, round=rnd, ms=ms, of_copy=nbytes / ms / 1e6 / copy)
+                    rows.append(r)
+                    print(f"{op:26s} {M}x{N} {variant:7s} round {rnd}: {ms * 1e3:7.1f} us {r['of_copy']:.3f} of copy",
+                          flush=True)
+    print(f"copy {copy:.0f} GB/s")
+    for M, N in SHAPES:
+        for op in dict.fromkeys(r["op"] for r in rows):
+            sel = [r for r in rows if r["op"] == op and r["shape"] == [M, N]]
+            best = {v: min(r["ms"] for r in sel if r["variant"] == v) for v in ("fill", "nofill")}
+            print(f"SUMMARY {op:26s} {M}x{N}: fill {best['fill'] * 1e3:7.1f} us  nofill {best['nofill'] * 1e3:7.1f} us"
+                  f"  saved {(best['fill'] - best['nofill']) * 1e3:5.1f} us")
+    with open(out_path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "ab_amax_fill.json")
