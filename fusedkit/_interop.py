@@ -17,6 +17,8 @@ Rules (docs/interop.rst):
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import _dtypes
@@ -197,7 +199,16 @@ def empty(kind: str, like: DevArray, shape, dtype: str):
 
 
 def full(kind: str, like: DevArray, shape, dtype: str, value: float):
-    """A new array filled with ``value`` (a fill kernel on the current stream) -> (obj, ptr)."""
+    """A new array filled with ``value`` on the launch stream -> (obj, ptr). Zeros (the FP8 ops' amax
+    buffers, scratch counters) are written by cudaMemsetAsync: about 1 us less GPU time per call than the
+    framework's fill kernel (H200, tools/ab_amax_fill.py); other values by that fill kernel."""
+    if value == 0.0:
+        obj, ptr = empty(kind, like, shape, dtype)
+        nbytes = math.prod(shape) * (_dtypes.ITEMSIZE.get(dtype) or np.dtype(dtype).itemsize)
+        if nbytes:
+            import cupy
+            _on_device(like.device, cupy.cuda.runtime.memsetAsync, ptr, 0, nbytes, stream(kind, like.device))
+        return obj, ptr
     if kind == TORCH:
         import torch
         t = torch.full(shape, value, dtype=getattr(torch, dtype), device=like.obj.device)
