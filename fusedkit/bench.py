@@ -293,17 +293,23 @@ def _fp8_grad_impls(torch, op, M, N, dtype):
     return out
 
 
+def norm_fp8_inputs(torch, M, N, dtype):
+    """The FP8-output norms' benchmark inputs (x mean-shifted, gamma near 1, beta, E4M3 delayed scale),
+    shared by the benchmark and the tools' A/B scripts so their figures compare."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).to(dtype)
+    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).to(dtype)
+    b = (torch.randn(N, device="cuda", generator=g) * 0.3).to(dtype)
+    return x, w, b, torch.full((1,), 448.0 / 6.0, device="cuda")
+
+
 def _norm_fp8_impls(torch, op, M, N, dtype):
     """LayerNorm / RMSNorm with FP8 E4M3 output (delayed scale, amax of y): fusedkit against torch eager /
     torch.compile computing the norm, then the fp32 multiply, saturation, cast and amax."""
     import fusedkit as fk
     F = torch.nn.functional
     rms = op.startswith("rms")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).to(dtype)
-    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).to(dtype)
-    b = (torch.randn(N, device="cuda", generator=g) * 0.3).to(dtype)
-    scale = torch.full((1,), 448.0 / 6.0, device="cuda")
+    x, w, b, scale = norm_fp8_inputs(torch, M, N, dtype)
     eps = 1e-5
     e4m3 = torch.float8_e4m3fn
 

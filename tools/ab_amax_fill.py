@@ -13,7 +13,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _interop
-from fusedkit.bench import GpuTimer, copy_gbps
+from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs
 
 SHAPES = ((32768, 4096), (16384, 8192))
 real_full = _interop.full
@@ -42,11 +42,7 @@ VARIANTS = {"fill": real_full, "memset": memset_full, "nofill": cached_full}
 
 
 def cases(M, N):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
-    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
-    b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
-    s_norm = torch.full((1,), 448.0 / 6.0, device="cuda")
+    x, w, b, s_norm = norm_fp8_inputs(torch, M, N, torch.bfloat16)
     s_cast = torch.full((1,), 0.37, device="cuda")
     return [("layer_norm_fp8_fwd", 3 * M * N, lambda: fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=s_norm)),
             ("rms_norm_fp8_fwd", 3 * M * N, lambda: fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=s_norm)),

@@ -23,18 +23,14 @@ import torch
 
 import fusedkit as fk
 from fusedkit.backends import cuda_norms
-from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, precompile, sweep_configs
+from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, precompile, sweep_configs
 
 WAVES = (None, 1, 2, 4)
 
 
 def cases(M, N):
     """(op, knob module, knob name, bytes, callable)."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
-    w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
-    b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
-    scale = torch.full((1,), 448.0 / 6.0, device="cuda")
+    x, w, b, scale = norm_fp8_inputs(torch, M, N, torch.bfloat16)
     return [
         ("layer_norm_fp8_fwd", cuda_norms, "FWD_FP8_WAVES", 3 * M * N,
          lambda: fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=scale)),
@@ -61,11 +57,7 @@ def sweep_configs_main(out_path, timer, copy):
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     results = []
     for M, N in FP8_SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = (torch.randn(M, N, device="cuda", generator=g) * 0.5 - 2.3).bfloat16()
-        w = (torch.randn(N, device="cuda", generator=g) * 0.3 + 1).bfloat16()
-        b = (torch.randn(N, device="cuda", generator=g) * 0.3).bfloat16()
-        scale = torch.full((1,), 448.0 / 6.0, device="cuda")
+        x, w, b, scale = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         y8 = torch.empty(M, N, device="cuda", dtype=torch.uint8)
         sinv, amax = torch.empty(1, device="cuda"), torch.zeros(1, device="cuda")
         for rms in (False, True):
