@@ -91,17 +91,19 @@ def _fp8_request(fp8_fmt, fp8_scale, out_dtype):
 
 
 def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats, rms,
-                  fp8_fmt=None, fp8_scale=None):
+                  fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     # (layer_norm / rms_norm try the host fast path of _callcache.py first, before calling this)
     kind = _kind_of_call(x, (weight, bias, residual))
     _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
     fmt = _fp8_request(fp8_fmt, fp8_scale, out_dtype)
+    if fp8_amax_out is not None and fmt is None:
+        raise ValueError("fusedkit: fp8_amax_out is the FP8 output's amax: pass it with fp8_fmt and fp8_scale")
     x_dt, w_dt, o_dt, N = _validate(x, weight, bias, residual, out_dtype)
     if eps < 0:
         raise ValueError(f"fusedkit: eps must be >= 0, got {eps}")
     if fmt is not None and kind in _HOST_KINDS:
         return _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt,
-                         fp8_scale, kind)
+                         fp8_scale, kind, fp8_amax_out)
     if fmt is not None and kind == JAX:
         raise NotImplementedError(
             "fusedkit: FP8 output of layer_norm / rms_norm is not implemented for JAX GPU arrays or inside "
@@ -147,7 +149,7 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
     ptrs = (X.ptr, R.ptr if R else 0, W.ptr if W else 0, B.ptr if B else 0, yp, hp or 0, mp or 0, rp or 0)
     if fmt is not None:
         y = _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, fp8_scale, eps, zero_centered_gamma,
-                        rms, y)
+                        rms, y, fp8_amax_out)
     elif M > 0:
         cuda_norms.forward(*ptrs, M, N, x_dt, w_dt, o_dt, float(eps), int(zero_centered_gamma),
                            rms, X.device, _interop.stream(kind, X.device))
@@ -161,12 +163,15 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
     return out[0] if len(out) == 1 else out
 
 
-def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, zero_centered_gamma, rms, data):
+def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, zero_centered_gamma, rms, data,
+                amax_out=None):
     """The FP8-output forward on the device: y bytes into ``data`` -> FP8Tensor (scale_inv, amax: 1-element
-    fp32 arrays of x's framework). Launched for M = 0 too (it writes scale_inv)."""
+    fp32 arrays of x's framework; the amax ``amax_out`` when given). Launched for M = 0 too (it writes
+    scale_inv)."""
+    from .fp8 import _amax
     from .fp8.tensor import FP8Tensor
     sinv, sip = _interop.empty(kind, X, (1,), "float32")
-    amax, ap = _interop.full(kind, X, (1,), "float32", 0.0)  # the kernel merges into it (atomicMax)
+    amax, ap = _amax.device_target(amax_out, kind, X, "fusedkit: fp8_amax_out")  # the kernel merges into it
     if hasattr(scale, "shape"):
         if framework(scale) != kind:
             raise TypeError(f"fusedkit: `fp8_scale` is a {framework(scale)} array but x is {kind}; pass a "
@@ -183,7 +188,8 @@ def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, ze
     return FP8Tensor(data, sinv, fmt, amax)
 
 
-def _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, kind):
+def _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, kind,
+              amax_out=None):
     """The FP8-output forward on the CPU backend (fusedkit.reference.norms.*_fp8), results in x's framework
     (FP8Tensor.data too; scale_inv and amax are fp32 scalars)."""
     from .fp8.tensor import FP8Tensor
@@ -202,7 +208,11 @@ def _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats,
     else:
         out = ref_norms.layer_norm_fp8(conv[0], conv[1], conv[2], **kw)
     t, rest = (out, ()) if isinstance(out, FP8Tensor) else (out[0], out[1:])
-    t = FP8Tensor(_interop.from_numpy(t.data, kind), t.scale_inv, t.fmt, t.amax)
+    amax = t.amax
+    if amax_out is not None:
+        from .fp8 import _amax
+        amax = _amax.merge_host(amax_out, amax, kind, "fusedkit: fp8_amax_out")
+    t = FP8Tensor(_interop.from_numpy(t.data, kind), t.scale_inv, t.fmt, amax)
     rest = tuple(_interop.from_numpy(a, kind) for a in rest)
     return (t,) + rest if rest else t
 
@@ -278,7 +288,7 @@ def _norm_backward(dy, x, weight, mean, rstd, zero_centered_gamma, rms):
 # public API
 
 def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False, out_dtype=None,
-               return_stats=False, residual=None, fp8_fmt=None, fp8_scale=None):
+               return_stats=False, residual=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * g + bias``.
 
     ``g = weight`` (or ``weight + 1`` with ``zero_centered_gamma``). With ``residual`` the input is
@@ -292,28 +302,31 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False
     ``.data`` the bytes ``sat(y * scale)`` (round to nearest even) in x's shape, ``.scale_inv`` =
     ``1 / scale``, ``.amax`` the amax of the fp32 ``y`` before scaling, ``.fmt``. Not combinable with
     ``out_dtype``. NumPy, CPU torch/JAX, CuPy and CUDA torch arrays; not JAX GPU arrays or ``jax.jit``.
+    ``fp8_amax_out``: a 1-element float32 array of x's framework (e.g. ``history[0, i:i+1]`` of an amax
+    history that :func:`fusedkit.fp8.update_scales` zeroes each step) that the amax is merged into
+    (``max``), returned as ``.amax``: no new array and no zeroing per call.
     """
     if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
         out = _callcache.norm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype, return_stats, False)
         if out is not None:
             return out
     return _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype, return_stats,
-                         rms=False, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
+                         rms=False, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale, fp8_amax_out=fp8_amax_out)
 
 
 def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=None, return_stats=False,
-             residual=None, fp8_fmt=None, fp8_scale=None):
+             residual=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * g``.
 
     Returns ``y``, then ``h = x + residual`` if a residual was given, then ``rstd`` if ``return_stats``.
-    ``fp8_fmt`` / ``fp8_scale``: ``y`` as an FP8Tensor, as in :func:`layer_norm`.
+    ``fp8_fmt`` / ``fp8_scale`` / ``fp8_amax_out``: ``y`` as an FP8Tensor, as in :func:`layer_norm`.
     """
     if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
         out = _callcache.norm_forward(x, weight, None, eps, zero_centered_gamma, out_dtype, return_stats, True)
         if out is not None:
             return out
     return _norm_forward(x, weight, None, residual, eps, zero_centered_gamma, out_dtype, return_stats,
-                         rms=True, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale)
+                         rms=True, fp8_fmt=fp8_fmt, fp8_scale=fp8_scale, fp8_amax_out=fp8_amax_out)
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, zero_centered_gamma=False):

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import _dtypes, _interop
 from ..reference import fp8 as _ref
+from . import _amax
 from .formats import as_format
 from .recipes import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, delayed_scale, update_amax_history
 from .tensor import FP8Tensor
@@ -25,15 +26,18 @@ from .tensor import FP8Tensor
 _HOST = _interop.HOST_KINDS
 
 
-def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None) -> FP8Tensor:
+def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None, amax_out=None) -> FP8Tensor:
     """``quantize(x, ..., transpose=True)``: row-wise and transposed FP8 bytes in one pass."""
-    return quantize(x, fmt=fmt, scale=scale, recipe=recipe, transpose=True)
+    return quantize(x, fmt=fmt, scale=scale, recipe=recipe, transpose=True, amax_out=amax_out)
 
 
 def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=False,
-             columnwise=False) -> FP8Tensor:
+             columnwise=False, amax_out=None) -> FP8Tensor:
     """FP8-quantize ``x`` with a per-tensor scale: delayed (``scale`` given) or current scaling;
-    ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M)). With ``recipe`` an
+    ``transpose=True`` also writes the transposed bytes (``.data_t``, (N, M)). ``amax_out`` (delayed
+    scaling): a 1-element float32 array of x's framework, e.g. ``history[0, i:i+1]``, that the amax of x
+    is merged into (``max``) instead of a new array; ``.amax`` is then that array (see
+    ``fusedkit.fp8._amax``: no zeroing per call, microbatches accumulate). With ``recipe`` an
     ``MXFP8Scaling`` or a ``BlockScaling``, block-scaled bytes and per-block scales; ``weight=True``
     takes a BlockScaling's weight blocks (128 x 128) instead of its activation blocks (1 x 128).
     ``columnwise=True`` with ``MXFP8Scaling``: blocks of 32 rows of each column of x viewed as 2-D
@@ -43,6 +47,9 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     if columnwise and not isinstance(recipe, MXFP8Scaling):
         raise ValueError("fusedkit.quantize: columnwise=True needs recipe=MXFP8Scaling() (column-wise "
                          "blocks of 32 rows); per-tensor scales are the same either way")
+    if amax_out is not None and scale is None:
+        raise ValueError("fusedkit.quantize: `amax_out` is for delayed scaling (pass `scale=`); current "
+                         "scaling takes the scale from this tensor's own amax, returned as `.amax`")
     if isinstance(recipe, (MXFP8Scaling, BlockScaling)):
         if scale is not None or transpose:
             raise ValueError("fusedkit.quantize: block-scaled recipes take no `scale` and no `transpose`")
@@ -62,6 +69,8 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
         else:
             data, sinv, amax, _ = _ref.quantize_current(xa, f, rec.amax_epsilon, rec.power_of_2_scales)
         data_t = _interop.from_numpy(_ref.transpose_2d(data), kind) if transpose else None
+        if amax_out is not None:
+            amax = _amax.merge_host(amax_out, amax, kind, "fusedkit.quantize")
         return FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=data_t)  # x's framework
     if kind == _interop.JAX:
         raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
@@ -70,7 +79,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     X = _interop.view(x, kind, "x")
     data, dp = _interop.empty(kind, X, X.shape, "uint8")
     sinv, sp = _interop.empty(kind, X, (1,), "float32")
-    amax, ap = _interop.full(kind, X, (1,), "float32", 0.0)  # kernels merge into it (atomicMax)
+    amax, ap = _amax.device_target(amax_out, kind, X, "fusedkit.quantize")  # kernels merge into it (atomicMax)
     current = scale is None
     ptrs = _scale_ptrs(kind, X, scale, ap, "fusedkit.quantize")
     # launched for empty tensors too: block 0 writes scale_inv (and the current-scaling scale)
@@ -108,7 +117,7 @@ def _scale_ptrs(kind, X, scale, ap, who):
     return dict(scale=scp, amax_in=0, scale_out=0, amax_out=ap, keep=keep)
 
 
-def cast_transpose_dbias(dy, *, fmt="e5m2", scale=None, recipe=None):
+def cast_transpose_dbias(dy, *, fmt="e5m2", scale=None, recipe=None, amax_out=None):
     """Row-wise and transposed FP8 bytes of ``dy`` plus the bias gradient, in one pass (Transformer
     Engine's ``cast_transpose_dbias``, for the backward of a linear layer with bias).
 
@@ -117,11 +126,13 @@ def cast_transpose_dbias(dy, *, fmt="e5m2", scale=None, recipe=None):
     returned in dy's dtype; deterministic: fixed-order partial sums, no atomics). ``scale`` /
     ``recipe`` as in :func:`quantize` (delayed scaling with ``scale``, else current scaling). Gradients
     default to E5M2."""
-    t, db = _cast_transpose_fused(dy, None, None, fmt, scale, recipe, True, "fusedkit.cast_transpose_dbias")
+    t, db = _cast_transpose_fused(dy, None, None, fmt, scale, recipe, True, "fusedkit.cast_transpose_dbias",
+                                  amax_out)
     return t, db
 
 
-def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, recipe=None, dbias=False):
+def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, recipe=None, dbias=False,
+                        amax_out=None):
     """The backward of an activation fused with the FP8 cast-transpose of its result (Transformer
     Engine's ``dgelu_cast_transpose_dbias`` and friends): ``g = dy * act'(x)`` in fp32, cast to FP8
     row-wise and transposed in one pass that reads dy and x once.
@@ -132,12 +143,16 @@ def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, rec
     (column sums of g over the rows of the 2-D view, fp32, returned in dy's dtype). ``scale`` /
     ``recipe`` as in :func:`quantize`: delayed scaling with ``scale``, else current scaling (which
     needs a first pass over dy and x for the amax of g)."""
-    t, db = _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, dbias, "fusedkit.dact_cast_transpose")
+    t, db = _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, dbias, "fusedkit.dact_cast_transpose",
+                                  amax_out)
     return (t, db) if dbias else t
 
 
-def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who):
+def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who, amax_out=None):
     f = as_format(fmt)
+    if amax_out is not None and scale is None:
+        raise ValueError(f"{who}: `amax_out` is for delayed scaling (pass `scale=`); current scaling takes the "
+                         "scale from this tensor's own amax, returned as `.amax`")
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError(f"{who}: recipe must be None or a CurrentScaling; for delayed scaling pass the scale "
                         f"from your amax history as `scale=` (block-scaled recipes are not fused here)")
@@ -163,6 +178,8 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
         else:
             data, data_t, sinv, amax, db = _ref.dact_cast_transpose(da, _interop.to_numpy(x, kind), activation, f,
                                                                     s, rec.amax_epsilon, rec.power_of_2_scales)
+        if amax_out is not None:
+            amax = _amax.merge_host(amax_out, amax, kind, who)
         t = FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=_interop.from_numpy(data_t, kind))
         return t, (_interop.from_numpy(db, kind) if want_dbias else None)
     if kind == _interop.JAX:
@@ -179,9 +196,11 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
     sinv, sp = _interop.empty(kind, D, (1,), "float32")
     gx, gy = cuda_fp8.ct_grid(M, N, want_dbias)
     # amax (element 0, atomicMax target) and, with dbias, the kernel's gx ticket counters: one zeroed buffer
-    buf, bp = _interop.full(kind, D, (1 + (gx if want_dbias else 0),), "float32", 0.0)
-    amax = buf[:1]
-    ptrs = _scale_ptrs(kind, D, scale, bp, who)
+    # (the amax elsewhere with amax_out: the buffer then starts with an unused element)
+    buf, bp = _interop.full(kind, D, (1 + (gx if want_dbias else 0),), "float32", 0.0) \
+        if amax_out is None or want_dbias else (None, 0)
+    amax, ap = (buf[:1], bp) if amax_out is None else _amax.device_target(amax_out, kind, D, who)
+    ptrs = _scale_ptrs(kind, D, scale, ap, who)
     # dact on rows the 16-byte loads can't take: g goes through an fp32 scratch (cast by the fp32 kernel,
     # whose dbias is fp32: rounded to dy's dtype here)
     g_path = X is not None and cuda_fp8.ct_fast_vec(N, (X.ptr, D.ptr), (dp, dtp)) == 1
@@ -298,15 +317,18 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
             raise ValueError(f"fusedkit: `{name}` must be float32 of shape {shape}, got "
                              f"{tuple(a.shape)} {_dtypes.canonical(a.dtype)}")
     kind = _interop.framework(history)
-    if kind == "host":
-        new, amax = update_amax_history(history, rec.amax_compute_algo)
-        history[...] = new
-        scale[...] = delayed_scale(amax, scale, f.max, rec.margin)
-        if scale_inv is not None:
-            scale_inv[...] = np.float32(1.0) / scale
+    if kind in ("host", "torch_cpu"):
+        _interop.check_same_framework(kind, (("scale", scale), ("scale_inv", scale_inv)))
+        h, s, si = (a.detach().numpy() if kind == "torch_cpu" and a is not None else a  # share memory
+                    for a in (history, scale, scale_inv))
+        new, amax = update_amax_history(h, rec.amax_compute_algo)
+        h[...] = new
+        s[...] = delayed_scale(amax, s, f.max, rec.margin)
+        if si is not None:
+            si[...] = np.float32(1.0) / s
         return history, scale, scale_inv
     if kind not in (_interop.CUPY, _interop.TORCH):
-        raise TypeError(f"fusedkit.fp8.update_scales takes NumPy, CuPy or CUDA torch arrays, got {kind}")
+        raise TypeError(f"fusedkit.fp8.update_scales takes NumPy, CuPy or torch arrays, got {kind}")
     from ..backends import cuda_fp8
 
     H = _interop.view(history, kind, "history")
