@@ -37,14 +37,15 @@ def _validate(x, bias, kind):
     return x_dt, N
 
 
-def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     kind_call = _interop.framework(x)
     _interop.check_same_framework(kind_call, (("bias", bias),))
     x_dt, N = _validate(x, bias, kind)
-    if fp8_fmt is not None or fp8_scale is not None:
+    if fp8_fmt is not None or fp8_scale is not None or fp8_amax_out is not None:
         if fp8_fmt is None or fp8_scale is None or out_dtype is not None:
-            raise ValueError("fusedkit: FP8 output needs both fp8_fmt and fp8_scale, and no out_dtype")
-        return _forward_fp8(x, kind, bias, fp8_fmt, fp8_scale, kind_call, x_dt, N)
+            raise ValueError("fusedkit: FP8 output needs both fp8_fmt and fp8_scale, and no out_dtype "
+                             "(fp8_amax_out goes with them)")
+        return _forward_fp8(x, kind, bias, fp8_fmt, fp8_scale, kind_call, x_dt, N, fp8_amax_out)
     o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
     if kind_call in _interop.HOST_KINDS:
         return _interop.run_on_host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)),
@@ -66,11 +67,12 @@ def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
     return y
 
 
-def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
+def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N, amax_out=None):
     """act(...) cast to FP8 with a delayed scale in the same pass -> FP8Tensor (amax of the fp32
-    activation, scale_inv = 1 / scale)."""
+    activation, merged into ``amax_out`` when given (fusedkit.fp8._amax); scale_inv = 1 / scale)."""
     import numpy as np
 
+    from .fp8 import _amax
     from .fp8.formats import as_format
     from .fp8.tensor import FP8Tensor
     from .reference import fp8 as _ref_fp8
@@ -80,6 +82,8 @@ def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
         ba = _interop.to_numpy(bias, kind_call) if bias is not None else None
         y32 = _ref.forward(xa, kind, ba, np.float32)
         data, sinv, amax = _ref_fp8.quantize_delayed(y32, np.float32(np.asarray(scale).reshape(())), f)
+        if amax_out is not None:
+            amax = _amax.merge_host(amax_out, amax, kind_call, "fusedkit: fp8_amax_out")
         return FP8Tensor(_interop.from_numpy(data, kind_call), sinv, f, amax)
     if kind_call == _interop.JAX:
         raise NotImplementedError("fusedkit activations on JAX GPU arrays are not implemented yet (issue 4)")
@@ -92,7 +96,7 @@ def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N):
     M = X.size // N
     data, dp = _interop.empty(kind_call, X, tuple(X.shape[:-1]) + (H,), "uint8")
     sinv, sip = _interop.empty(kind_call, X, (1,), "float32")
-    amax, ap = _interop.full(kind_call, X, (1,), "float32", 0.0)
+    amax, ap = _amax.device_target(amax_out, kind_call, X, "fusedkit: fp8_amax_out")
     if hasattr(scale, "shape"):
         S = _interop.view(scale, kind_call, "fp8_scale")
         if S.size != 1 or S.dtype != "float32":
@@ -135,12 +139,13 @@ def _backward(dy, x, kind, bias=None):
     return dx
 
 
-def gelu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def gelu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """GeLU of ``x + bias``: ``approximate="tanh"`` (default, as in Transformer Engine) or ``"none"``
     (exact, with erf). With ``fp8_fmt`` ("e4m3"/"e5m2") and ``fp8_scale`` (delayed scale: a float or a
     1-element fp32 array) the result is an FP8Tensor cast in the same pass (amax fused), as every
-    activation here accepts."""
-    return _forward(x, _kind_for(approximate, "gelu"), bias, out_dtype, fp8_fmt, fp8_scale)
+    activation here accepts; ``fp8_amax_out`` (a 1-element fp32 array of x's framework, e.g. a slot of an
+    amax history) takes the amax merged into it (``max``) instead of a new array."""
+    return _forward(x, _kind_for(approximate, "gelu"), bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def gelu_backward(dy, x, *, approximate="tanh", bias=None):
@@ -148,34 +153,34 @@ def gelu_backward(dy, x, *, approximate="tanh", bias=None):
     return _backward(dy, x, _kind_for(approximate, "gelu"), bias)
 
 
-def silu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
-    return _forward(x, "silu", bias, out_dtype, fp8_fmt, fp8_scale)
+def silu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
+    return _forward(x, "silu", bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def silu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "silu", bias)
 
 
-def relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
-    return _forward(x, "relu", bias, out_dtype, fp8_fmt, fp8_scale)
+def relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
+    return _forward(x, "relu", bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def relu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "relu", bias)
 
 
-def squared_relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def squared_relu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """``max(x + bias, 0) ** 2``."""
-    return _forward(x, "squared_relu", bias, out_dtype, fp8_fmt, fp8_scale)
+    return _forward(x, "squared_relu", bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def squared_relu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "squared_relu", bias)
 
 
-def swiglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def swiglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """``silu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, "swiglu", bias, out_dtype, fp8_fmt, fp8_scale)
+    return _forward(x, "swiglu", bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def swiglu_backward(dy, x, *, bias=None):
@@ -183,18 +188,18 @@ def swiglu_backward(dy, x, *, bias=None):
     return _backward(dy, x, "swiglu", bias)
 
 
-def geglu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def geglu(x, *, approximate="tanh", bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """``gelu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, _kind_for(approximate, "geglu"), bias, out_dtype, fp8_fmt, fp8_scale)
+    return _forward(x, _kind_for(approximate, "geglu"), bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def geglu_backward(dy, x, *, approximate="tanh", bias=None):
     return _backward(dy, x, _kind_for(approximate, "geglu"), bias)
 
 
-def reglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None):
+def reglu(x, *, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, fp8_amax_out=None):
     """``relu(a) * g`` with ``a, g`` the halves of x's last dim."""
-    return _forward(x, "reglu", bias, out_dtype, fp8_fmt, fp8_scale)
+    return _forward(x, "reglu", bias, out_dtype, fp8_fmt, fp8_scale, fp8_amax_out)
 
 
 def reglu_backward(dy, x, *, bias=None):

@@ -49,12 +49,15 @@ OPS = {
     "layer_norm_fp8": lambda a, s, o: fk.layer_norm(a["x"], a["w"], a["b"], fp8_fmt="e4m3", fp8_scale=s,
                                                     fp8_amax_out=o),
     "rms_norm_fp8": lambda a, s, o: fk.rms_norm(a["x"], a["w"], fp8_fmt="e4m3", fp8_scale=s, fp8_amax_out=o),
+    "gelu_fp8": lambda a, s, o: fk.gelu(a["x"], fp8_fmt="e4m3", fp8_scale=s, fp8_amax_out=o),
+    "swiglu_fp8": lambda a, s, o: fk.swiglu(a["x_even"], fp8_fmt="e4m3", fp8_scale=s, fp8_amax_out=o),
 }
 
 
 def _backend_arrays(backend, shape, dtype, key):
     x, w, b, dy = inputs(rng_for(key), shape, dtype)
-    return {k: to_backend(v, backend) for k, v in dict(x=x, w=w, b=b, dy=dy).items()}
+    x_even = np.ascontiguousarray(x[..., : shape[-1] // 2 * 2])  # the gated activations halve the last dim
+    return {k: to_backend(v, backend) for k, v in dict(x=x, w=w, b=b, dy=dy, x_even=x_even).items()}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -81,7 +84,8 @@ def test_merges_into_the_callers_array(backend, op, start):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_microbatches_accumulate_and_update_scales_zeroes_the_slot(backend):
     """The delayed-scaling loop of Transformer Engine: casts merge into row 0 of the amax history (two
-    micro-batches of tensor 1, one of tensor 0), update_scales takes the max, rolls (row 0 to the end) and zeroes row 0."""
+    micro-batches of tensor 1, one of tensor 0); update_scales takes the max, rolls (row 0 to the end)
+    and zeroes row 0."""
     dtype = "float32" if backend == "cupy" else "bfloat16"
     skip_unsupported(backend, dtype)
     rng = rng_for("loop", backend)
@@ -113,6 +117,8 @@ def test_bad_amax_out(backend):
         fk.cast_transpose_dbias(a["dy"], amax_out=ok)
     with pytest.raises(ValueError, match="fp8_amax_out .* with fp8_fmt"):
         fk.layer_norm(a["x"], fp8_amax_out=ok)
+    with pytest.raises(ValueError, match="fp8_amax_out goes with them"):
+        fk.silu(a["x"], fp8_amax_out=ok)
     for bad in (np.zeros(2, F32), np.zeros(1, np.float64)):
         with pytest.raises(ValueError, match="1-element float32"):
             fk.quantize(a["x"], scale=1.0, amax_out=to_backend(bad, backend))
