@@ -611,7 +611,7 @@ def run_cpu(args):
     rows = []
     rng = np.random.default_rng(0)
     shapes = [(4096, 1024), (1024, 4096)]
-    prog = _progress(len(shapes) * 4, "bench (cpu)")
+    prog = _progress(len(shapes) * 7, "bench (cpu)")
     for (M, N) in shapes:
         x = (rng.standard_normal((M, N)) * 0.5 - 2.3).astype(np.float32)
         w = rng.standard_normal(N).astype(np.float32)
@@ -650,11 +650,35 @@ def run_cpu(args):
             y, rstd = fk.rms_norm(x, w, return_stats=True)
             return y, fk.rms_norm_backward(dy, x, w, rstd)
 
+        def numpy_softmax():
+            e = np.exp(x - x.max(-1, keepdims=True))
+            return e / e.sum(-1, keepdims=True)
+
+        def numpy_softmax_fwdbwd():
+            y = numpy_softmax()
+            return y, y * (dy - (dy * y).sum(-1, keepdims=True))
+
+        t = rng.integers(0, N, M)
+
+        def numpy_ce_fwdbwd():  # mean loss and its gradient
+            m = x.max(-1, keepdims=True)
+            e = np.exp(x - m)
+            s = e.sum(-1, keepdims=True)
+            lse = (m + np.log(s))[:, 0]
+            g = e / s
+            g[np.arange(M), t] -= 1
+            return (lse - x[np.arange(M), t]).mean(), g / M
+
         dy = rng.standard_normal((M, N)).astype(np.float32)
         for op, mine, peer in (("layer_norm_fwd", lambda: fk.layer_norm(x, w, b), numpy_ln),
                                ("rms_norm_fwd", lambda: fk.rms_norm(x, w), numpy_rms),
                                ("layer_norm_fwdbwd", fk_ln_fwdbwd, numpy_ln_fwdbwd),
-                               ("rms_norm_fwdbwd", fk_rms_fwdbwd, numpy_rms_fwdbwd)):
+                               ("rms_norm_fwdbwd", fk_rms_fwdbwd, numpy_rms_fwdbwd),
+                               ("softmax_fwd", lambda: fk.softmax(x), numpy_softmax),
+                               ("softmax_fwdbwd", lambda: fk.softmax_backward(dy, fk.softmax(x)),
+                                numpy_softmax_fwdbwd),
+                               ("cross_entropy_fwdbwd", lambda: fk.cross_entropy(x, t, return_grad=True),
+                                numpy_ce_fwdbwd)):
             nbytes = _registry.OPS[op].bytes_moved(M, N, 4)
             for impl, fn in (("fusedkit_cpu", mine), ("numpy_naive", peer)):
                 fn()

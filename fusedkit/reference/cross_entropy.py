@@ -6,17 +6,19 @@ Semantics (docs/cross_entropy.rst): the class dimension is the last one; per tok
 ignored tokens get loss 0, lse 0 and a zero gradient row; "mean" divides by the number of non-ignored
 tokens (NaN when there is none, as torch); out-of-range targets raise ValueError here.
 Outputs: loss and lse in float32, the gradient in the logits' dtype (one rounding from float64).
+fp32 logits take the fused Numba rows of ``_softmax_numba.py`` (the same float64 formulas, no float64 copy
+of the logits, every core); ``USE_NUMBA = False`` keeps everything on the NumPy path (the tests compare).
 """
 from __future__ import annotations
 
 import numpy as np
 
 REDUCTIONS = ("mean", "sum", "none")
+USE_NUMBA = True
 
 
-def _rows(logits, target, ignore_index):
-    N = logits.shape[-1]
-    x = np.asarray(logits).astype(np.float64).reshape(-1, N)
+def _targets(target, ignore_index, N):
+    """(int64 targets, valid mask) of the flat tokens; ValueError for an out-of-range target."""
     t = np.asarray(target).astype(np.int64).reshape(-1)
     valid = t != ignore_index
     bad = valid & ((t < 0) | (t >= N))
@@ -24,7 +26,45 @@ def _rows(logits, target, ignore_index):
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"fusedkit: target values must be in [0, {N}) (the vocab) or ignore_index "
                          f"({ignore_index}); got {int(t[i])} at flat token {i}")
+    return t, valid
+
+
+def _rows(logits, target, ignore_index):
+    N = logits.shape[-1]
+    x = np.asarray(logits).astype(np.float64).reshape(-1, N)
+    t, valid = _targets(target, ignore_index, N)
     return x, t, valid, N
+
+
+def _fused(logits) -> bool:
+    a = np.asarray(logits)
+    return USE_NUMBA and a.dtype == np.float32 and a.ndim >= 1 and a.shape[-1] > 0
+
+
+def _fused_rows(logits, target, ignore_index, label_smoothing, z_loss, g, inplace, lse_in=None):
+    """The Numba rows: (loss, lse) per token in float64 and the gradient (None without ``g``), written
+    into the logits with ``inplace``."""
+    from . import _softmax_numba  # imports Numba: not at `import fusedkit`
+    x = np.asarray(logits)
+    N = x.shape[-1]
+    t, valid = _targets(target, ignore_index, N)
+    x2 = np.ascontiguousarray(x).reshape(-1, N)
+    grad = None
+    if g is not None:
+        if inplace and not x.flags.writeable:
+            raise ValueError("fusedkit: inplace_grad=True needs writable logits")
+        grad = x2 if inplace and np.shares_memory(x2, x) else np.empty(x2.shape, np.float32)
+    loss, lse = _softmax_numba.cross_entropy_rows(x2, t, valid, float(label_smoothing), float(z_loss),
+                                                   lse_in is None, None if g is None else g(valid), grad,
+                                                   lse_in)
+    if grad is not None:
+        if not inplace:
+            grad = grad.reshape(x.shape)
+        else:
+            if grad is not x2:  # x was not contiguous: the rows went to a copy
+                np.copyto(x, grad.reshape(x.shape))
+            grad = x
+    return loss, lse, valid, grad
 
 
 def _lse(x, valid):
@@ -77,6 +117,13 @@ def _check_options(reduction, label_smoothing, z_loss):
 def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0,
                   return_lse=False, return_grad=False, inplace_grad=False):
     _check_options(reduction, label_smoothing, z_loss)
+    if not return_grad and inplace_grad:
+        raise ValueError("fusedkit: inplace_grad=True needs return_grad=True")
+    if _fused(logits):
+        loss, lse, valid, G = _fused_rows(logits, target, ignore_index, label_smoothing, z_loss,
+                                          (lambda v: _row_scale(v, reduction)) if return_grad else None,
+                                          inplace_grad)
+        return _outputs(loss, lse, valid, target, reduction, return_lse, G)
     x, t, valid, N = _rows(logits, target, ignore_index)
     lse = _lse(x, valid)
     tc = np.clip(t, 0, N - 1)
@@ -88,6 +135,15 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
         if z_loss:
             loss = loss + z_loss * lse * lse
     loss = np.where(valid, loss, 0.0)
+    G = None
+    if return_grad:
+        G = _write_grad(_grad(x, t, valid, lse, _row_scale(valid, reduction), float(label_smoothing),
+                              float(z_loss)), logits, inplace_grad)
+    return _outputs(loss, lse, valid, target, reduction, return_lse, G)
+
+
+def _outputs(loss, lse, valid, target, reduction, return_lse, grad):
+    """The reduction of the per-token float64 losses and the returned tuple (loss[, lse][, grad])."""
     if reduction == "none":
         out = loss.astype(np.float32).reshape(np.shape(target))
     else:
@@ -97,17 +153,19 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     res = (out,)
     if return_lse:
         res += (lse.astype(np.float32).reshape(np.shape(target)),)
-    if return_grad:
-        G = _grad(x, t, valid, lse, _row_scale(valid, reduction), float(label_smoothing), float(z_loss))
-        res += (_write_grad(G, logits, inplace_grad),)
-    elif inplace_grad:
-        raise ValueError("fusedkit: inplace_grad=True needs return_grad=True")
+    if grad is not None:
+        res += (grad,)
     return res[0] if len(res) == 1 else res
 
 
 def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100, label_smoothing=0.0,
                            reduction="mean", z_loss=0.0, inplace_grad=False):
     _check_options(reduction, label_smoothing, z_loss)
+    if _fused(logits):
+        valid_lse = np.asarray(lse, np.float64).reshape(-1)
+        _, _, _, G = _fused_rows(logits, target, ignore_index, label_smoothing, z_loss,
+                                 lambda v: _row_scale(v, reduction, grad_loss), inplace_grad, valid_lse)
+        return G
     x, t, valid, N = _rows(logits, target, ignore_index)
     lse64 = np.where(valid, np.asarray(lse, np.float64).reshape(-1), 0.0)
     g = _row_scale(valid, reduction, grad_loss)

@@ -11,12 +11,23 @@ Semantics shared with cuda/softmax.cu:
 * ``log_softmax`` of a row of -inf is NaN (as in torch).
 
 Unlike the public API, ``axis`` may be any axis here when neither ``mask`` nor ``causal`` is given.
+
+fp32 inputs over the last axis without a mask or causal take the fused Numba rows of
+``_softmax_numba.py`` (same float64 formulas, one pass per statistic, every core); ``USE_NUMBA = False``
+keeps everything on the NumPy path (the tests compare the two).
 """
 from __future__ import annotations
 
 import numpy as np
 
 F64 = np.float64
+F32 = np.float32
+USE_NUMBA = True
+
+
+def _fused(x, axis=-1, mask=None, causal=False, out_dtype=None) -> bool:
+    return (USE_NUMBA and x.dtype == F32 and x.ndim >= 1 and axis in (-1, x.ndim - 1) and mask is None
+            and not causal and (out_dtype is None or np.dtype(out_dtype) == F32))
 
 
 def _causal_mask(sq: int, sk: int) -> np.ndarray:
@@ -53,6 +64,9 @@ def _stats(v, axis):
 
 def softmax(x, axis=-1, *, scale=1.0, mask=None, causal=False, out_dtype=None):
     x = np.asarray(x)
+    if _fused(x, axis, mask, causal, out_dtype):
+        from . import _softmax_numba  # imports Numba: not at `import fusedkit`
+        return _softmax_numba.softmax(x, scale, False)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     v, axis = _masked_values(x, axis, scale, mask, causal)
     d, s = _stats(v, axis)
@@ -64,6 +78,9 @@ def softmax(x, axis=-1, *, scale=1.0, mask=None, causal=False, out_dtype=None):
 
 def log_softmax(x, axis=-1, *, scale=1.0, out_dtype=None):
     x = np.asarray(x)
+    if _fused(x, axis, out_dtype=out_dtype):
+        from . import _softmax_numba
+        return _softmax_numba.softmax(x, scale, True)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     v, axis = _masked_values(x, axis, scale, None, False)
     d, s = _stats(v, axis)
@@ -72,8 +89,16 @@ def log_softmax(x, axis=-1, *, scale=1.0, out_dtype=None):
     return y.astype(out_dtype)
 
 
+def _fused_bwd(dy, y) -> bool:
+    dy, y = np.asarray(dy), np.asarray(y)
+    return USE_NUMBA and dy.dtype == F32 and y.dtype == F32 and y.ndim >= 1 and dy.shape == y.shape
+
+
 def softmax_backward(dy, y, *, scale=1.0):
     """dx = scale * y * (dy - sum(dy * y)) over the last axis, in dy's dtype."""
+    if _fused_bwd(dy, y):
+        from . import _softmax_numba
+        return _softmax_numba.softmax_backward(np.asarray(dy), np.asarray(y), scale, False)
     g, yy = np.asarray(dy).astype(F64), np.asarray(y).astype(F64)
     dot = np.sum(g * yy, axis=-1, keepdims=True)
     return (F64(scale) * yy * (g - dot)).astype(np.asarray(dy).dtype)
@@ -81,6 +106,9 @@ def softmax_backward(dy, y, *, scale=1.0):
 
 def log_softmax_backward(dy, y, *, scale=1.0):
     """dx = scale * (dy - exp(y) * sum(dy)) over the last axis, in dy's dtype."""
+    if _fused_bwd(dy, y):
+        from . import _softmax_numba
+        return _softmax_numba.softmax_backward(np.asarray(dy), np.asarray(y), scale, True)
     g, yy = np.asarray(dy).astype(F64), np.asarray(y).astype(F64)
     tot = np.sum(g, axis=-1, keepdims=True)
     return (F64(scale) * (g - np.exp(yy) * tot)).astype(np.asarray(dy).dtype)

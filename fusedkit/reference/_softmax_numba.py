@@ -1,0 +1,204 @@
+"""The CPU backend's fused softmax / log-softmax (forward and backward) and cross-entropy (loss, lse and
+gradient) for fp32 rows (Numba, parallel over rows).
+
+``fusedkit.reference.softmax`` / ``cross_entropy`` route fp32 inputs here (softmax: the last axis, no mask
+and no causal; the rest stays on the NumPy path, which is what this is tested against:
+tests/test_softmax_numba.py). Each row is read once per statistic and once for the output, with no
+temporaries the size of the input, on every core; the NumPy path makes float64 copies of the whole
+tensor and ~8 passes over them.
+
+Numerics: the NumPy path's, element by element in float64: v = x * scale, m = the row max (NaN if the
+row holds one, 0 for a row of -inf), s = sum exp(v - m), y = exp(v - m) / s (0 when s = 0) or
+(v - m) - log s; one rounding to fp32 at the store. The row sums add in a different order than NumPy's
+pairwise sums, and LLVM's exp / log may differ from NumPy's in the last float64 bit, so an fp32 result
+can differ from the NumPy path's by one ulp now and then.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._norms_numba import _njit
+
+
+@_njit(fastmath={"reassoc"})
+def _row_max(row, scale):
+    """max(row * scale) in float64, NaN if the row holds a NaN (np.max's rule), 0 for a row of -inf."""
+    m = -np.inf
+    nan = False
+    for j in range(row.shape[0]):
+        v = np.float64(row[j]) * scale
+        if v != v:
+            nan = True
+        elif v > m:
+            m = v
+    if nan:
+        return np.nan
+    return 0.0 if m == -np.inf else m
+
+
+@_njit(fastmath={"reassoc"})
+def _row_sum_exp(row, scale, m):
+    s = 0.0
+    for j in range(row.shape[0]):
+        s += np.exp(np.float64(row[j]) * scale - m)
+    return s
+
+
+@_njit(fastmath={"reassoc"})
+def _row_exp(row, scale, m, e):
+    """e[j] = exp(row[j] * scale - m) in float64 -> their sum (one exp per element: the output reuses e)."""
+    s = 0.0
+    for j in range(row.shape[0]):
+        v = np.exp(np.float64(row[j]) * scale - m)
+        e[j] = v
+        s += v
+    return s
+
+
+@_njit(parallel=True, nogil=True)
+def _softmax_rows(x, scale, log, y):
+    M, N = x.shape
+    for i in numba.prange(M):
+        row = x[i]
+        out = y[i]
+        m = _row_max(row, scale)
+        if log:
+            ls = np.log(_row_sum_exp(row, scale, m))
+            for j in range(N):
+                out[j] = (np.float64(row[j]) * scale - m) - ls
+        else:
+            e = np.empty(N, np.float64)  # the row's exponentials (a thread's scratch, N x 8 bytes)
+            s = _row_exp(row, scale, m, e)
+            inv = 0.0 if s == 0.0 else 1.0 / s
+            for j in range(N):
+                out[j] = e[j] * inv
+
+
+def softmax(x, scale, log):
+    """softmax (or log-softmax) of fp32 x over the last axis (any leading dims) -> fp32, x's shape."""
+    N = x.shape[-1]
+    x2 = np.ascontiguousarray(x).reshape(-1, N)
+    y = np.empty(x2.shape, np.float32)
+    if x2.size:
+        _softmax_rows(x2, np.float64(scale), bool(log), y)
+    return y.reshape(x.shape)
+
+
+@_njit(parallel=True, nogil=True)
+def _softmax_bwd_rows(dy, y, scale, log, dx):
+    M, N = y.shape
+    for i in numba.prange(M):
+        g = dy[i]
+        yr = y[i]
+        out = dx[i]
+        acc = 0.0
+        if log:
+            for j in range(N):
+                acc += np.float64(g[j])
+            for j in range(N):
+                out[j] = scale * (np.float64(g[j]) - np.exp(np.float64(yr[j])) * acc)
+        else:
+            for j in range(N):
+                acc += np.float64(g[j]) * np.float64(yr[j])
+            for j in range(N):
+                out[j] = scale * np.float64(yr[j]) * (np.float64(g[j]) - acc)
+
+
+def softmax_backward(dy, y, scale, log):
+    """dx of softmax (``log``: of log-softmax) from fp32 dy and y over the last axis -> fp32."""
+    N = y.shape[-1]
+    y2 = np.ascontiguousarray(y).reshape(-1, N)
+    dy2 = np.ascontiguousarray(dy).reshape(-1, N)
+    dx = np.empty(y2.shape, np.float32)
+    if y2.size:
+        _softmax_bwd_rows(dy2, y2, np.float64(scale), bool(log), dx)
+    return dx.reshape(y.shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cross-entropy: per token lse = m + log sum exp(x - m) (m the row max, NaN rule as np.max), loss =
+# (1 - e)(lse - x_t) + e (lse - mean x) + z lse^2, 0 (and lse 0) for ignored tokens; gradient row
+# g ((exp(x - lse)) (1 + 2 z lse) - e / N), minus g (1 - e) at the target, 0 for ignored tokens.
+
+@_njit(fastmath={"reassoc"})
+def _row_sum(row):
+    s = 0.0
+    for j in range(row.shape[0]):
+        s += np.float64(row[j])
+    return s
+
+
+@_njit(parallel=True, nogil=True)
+def _ce_rows(x, t, valid, smoothing, z_loss, want_loss, g, lse_in, loss, lse, grad):
+    M, N = x.shape
+    for i in numba.prange(M):
+        if not valid[i]:
+            loss[i] = 0.0
+            lse[i] = 0.0
+            if g.shape[0]:
+                out = grad[i]
+                for j in range(N):
+                    out[j] = 0.0
+            continue
+        row = x[i]
+        e = np.empty(N if g.shape[0] and not lse_in.shape[0] else 0, np.float64)  # exp(x - m), reused
+        inv = 0.0
+        if lse_in.shape[0]:  # the backward: the forward's lse
+            le = lse_in[i]
+        else:
+            m = -np.inf
+            nan = False
+            for j in range(N):
+                v = np.float64(row[j])
+                if v != v:
+                    nan = True
+                elif v > m:
+                    m = v
+            if nan:
+                m = np.nan
+            if e.shape[0]:
+                s = _row_exp(row, 1.0, m, e)
+                inv = 1.0 / s
+            else:
+                s = _row_sum_exp(row, 1.0, m)
+            le = m + np.log(s)
+        lse[i] = le
+        xt = np.float64(row[t[i]])  # read before the gradient row may overwrite it (in place)
+        if want_loss:
+            li = le - xt
+            if smoothing != 0.0:
+                li = (1.0 - smoothing) * li + smoothing * (le - _row_sum(row) / N)
+            if z_loss != 0.0:
+                li = li + z_loss * le * le
+            loss[i] = li
+        if g.shape[0]:
+            gi = g[i]
+            k = 1.0 + 2.0 * z_loss * le
+            eps = smoothing / N
+            out = grad[i]
+            if e.shape[0]:  # p = exp(x - m) / s (= exp(x - lse) up to the last float64 bit)
+                for j in range(N):
+                    out[j] = gi * (e[j] * inv * k - eps)
+                out[t[i]] = gi * (e[t[i]] * inv * k - eps) - gi * (1.0 - smoothing)
+            else:
+                for j in range(N):
+                    out[j] = gi * (np.exp(np.float64(row[j]) - le) * k - eps)
+                out[t[i]] = gi * (np.exp(xt - le) * k - eps) - gi * (1.0 - smoothing)
+
+
+def cross_entropy_rows(x, t, valid, smoothing, z_loss, want_loss, g, grad_out, lse_in=None):
+    """(loss, lse) per token in float64 of fp32 logits x (M, N), int64 targets t (in range where
+    ``valid``); with ``g`` (float64 per-token gradient scale) the gradient rows go to ``grad_out``
+    (fp32 (M, N), may be x itself: each row is read before it is written). ``lse_in`` (float64 per
+    token): the backward's saved lse, used instead of recomputing it."""
+    M = x.shape[0]
+    loss = np.zeros(M, np.float64)
+    lse = np.zeros(M, np.float64)
+    gg = np.zeros(0, np.float64) if g is None else np.ascontiguousarray(g, np.float64)
+    out = grad_out if g is not None else np.empty((0, x.shape[1]), np.float32)
+    li = np.zeros(0, np.float64) if lse_in is None else np.ascontiguousarray(lse_in, np.float64)
+    if M:
+        _ce_rows(x, np.ascontiguousarray(t, np.int64), np.ascontiguousarray(valid), np.float64(smoothing),
+                 np.float64(z_loss), bool(want_loss), gg, li, loss, lse, out)
+    return loss, lse
