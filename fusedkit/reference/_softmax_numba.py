@@ -23,7 +23,7 @@ from ._norms_numba import _njit
 
 @_njit(fastmath={"reassoc"})
 def _row_max(row, scale):
-    """max(row * scale) in float64, NaN if the row holds a NaN (np.max's rule), 0 for a row of -inf."""
+    """max(row * scale) in float64, NaN if the row holds a NaN (np.max's rule)."""
     m = -np.inf
     nan = False
     for j in range(row.shape[0]):
@@ -32,9 +32,7 @@ def _row_max(row, scale):
             nan = True
         elif v > m:
             m = v
-    if nan:
-        return np.nan
-    return 0.0 if m == -np.inf else m
+    return np.nan if nan else m
 
 
 @_njit(fastmath={"reassoc"})
@@ -63,6 +61,8 @@ def _softmax_rows(x, scale, log, y):
         row = x[i]
         out = y[i]
         m = _row_max(row, scale)
+        if m == -np.inf:  # a row of -inf: softmax 0 (s = 0 below), log-softmax NaN, as the NumPy path
+            m = 0.0
         if log:
             ls = np.log(_row_sum_exp(row, scale, m))
             for j in range(N):
@@ -118,8 +118,9 @@ def softmax_backward(dy, y, scale, log):
 
 # ---------------------------------------------------------------------------------------------------
 # Cross-entropy: per token lse = m + log sum exp(x - m) (m the row max, NaN rule as np.max), loss =
-# (1 - e)(lse - x_t) + e (lse - mean x) + z lse^2, 0 (and lse 0) for ignored tokens; gradient row
-# g ((exp(x - lse)) (1 + 2 z lse) - e / N), minus g (1 - e) at the target, 0 for ignored tokens.
+# (1 - e)(lse - x_t) + e (lse - mean x) + z lse^2 (e the label smoothing, z the z-loss), 0 (and lse 0)
+# for ignored tokens; gradient row g (exp(x - lse) (1 + 2 z lse) - e / N), minus g (1 - e) at the
+# target, 0 for ignored tokens.
 
 @_njit(fastmath={"reassoc"})
 def _row_sum(row):
@@ -142,23 +143,14 @@ def _ce_rows(x, t, valid, smoothing, z_loss, want_loss, g, lse_in, loss, lse, gr
                     out[j] = 0.0
             continue
         row = x[i]
-        e = np.empty(N if g.shape[0] and not lse_in.shape[0] else 0, np.float64)  # exp(x - m), reused
+        ex = np.empty(N if g.shape[0] and not lse_in.shape[0] else 0, np.float64)  # exp(x - m), reused
         inv = 0.0
         if lse_in.shape[0]:  # the backward: the forward's lse
             le = lse_in[i]
         else:
-            m = -np.inf
-            nan = False
-            for j in range(N):
-                v = np.float64(row[j])
-                if v != v:
-                    nan = True
-                elif v > m:
-                    m = v
-            if nan:
-                m = np.nan
-            if e.shape[0]:
-                s = _row_exp(row, 1.0, m, e)
+            m = _row_max(row, 1.0)  # a row of -inf keeps m = -inf: lse NaN, as the NumPy path
+            if ex.shape[0]:
+                s = _row_exp(row, 1.0, m, ex)
                 inv = 1.0 / s
             else:
                 s = _row_sum_exp(row, 1.0, m)
@@ -177,10 +169,10 @@ def _ce_rows(x, t, valid, smoothing, z_loss, want_loss, g, lse_in, loss, lse, gr
             k = 1.0 + 2.0 * z_loss * le
             eps = smoothing / N
             out = grad[i]
-            if e.shape[0]:  # p = exp(x - m) / s (= exp(x - lse) up to the last float64 bit)
+            if ex.shape[0]:  # p = exp(x - m) / s (= exp(x - lse) up to the last float64 bit)
                 for j in range(N):
-                    out[j] = gi * (e[j] * inv * k - eps)
-                out[t[i]] = gi * (e[t[i]] * inv * k - eps) - gi * (1.0 - smoothing)
+                    out[j] = gi * (ex[j] * inv * k - eps)
+                out[t[i]] = gi * (ex[t[i]] * inv * k - eps) - gi * (1.0 - smoothing)
             else:
                 for j in range(N):
                     out[j] = gi * (np.exp(np.float64(row[j]) - le) * k - eps)
