@@ -61,9 +61,20 @@ def _progress(total, desc):
 # GPU timing (torch events; torch is the harness's allocator for every impl, so bf16 works)
 
 class GpuTimer:
-    def __init__(self, torch, flush_mib=256):
+    """Median of CUDA-event times, L2 flushed before each call. ``flush_mode``: "zero" (the benchmark's,
+    as triton.testing.do_bench: a 256 MiB buffer zeroed, so each call starts with L2 full of dirty lines
+    to write back), "read" (the buffer read: L2 full of clean lines) or "none" (tools/ab_flush.py)."""
+
+    def __init__(self, torch, flush_mib=256, flush_mode="zero"):
         self.torch = torch
         self.flush = torch.empty(flush_mib * 2**20, dtype=torch.uint8, device="cuda")
+        self.flush_mode = flush_mode
+
+    def _flush_l2(self):
+        if self.flush_mode == "zero":
+            self.flush.zero_()
+        elif self.flush_mode == "read":
+            self.flush.max()
 
     def ms(self, fn, warmup=5, rep=30, min_time_ms=150.0, warmup_ms=25.0):
         torch = self.torch
@@ -82,7 +93,7 @@ class GpuTimer:
         times = []
         t_end = time.perf_counter() + min_time_ms / 1e3
         while len(times) < rep or (time.perf_counter() < t_end and len(times) < 10 * rep):
-            self.flush.zero_()
+            self._flush_l2()
             a = torch.cuda.Event(enable_timing=True)
             b = torch.cuda.Event(enable_timing=True)
             a.record()
