@@ -82,6 +82,18 @@ def test_merges_into_the_callers_array(backend, op, start):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["quantize", "cast_transpose", "layer_norm_fp8", "gelu_fp8"])
+def test_empty_input_leaves_amax_out(backend, op):
+    """No rows: the amax of nothing (0) merged leaves the caller's value as it was."""
+    dtype = "float32"
+    skip_unsupported(backend, dtype)
+    a = _backend_arrays(backend, (0, 64), dtype, ("empty", backend, op))
+    out = to_backend(np.array([1.5], F32), backend)
+    t = OPS[op](a, 0.37, out)
+    assert t.amax is out and first(out) == F32(1.5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_microbatches_accumulate_and_update_scales_zeroes_the_slot(backend):
     """The delayed-scaling loop of Transformer Engine: casts merge into row 0 of the amax history (two
     micro-batches of tensor 1, one of tensor 0); update_scales takes the max, rolls (row 0 to the end)
