@@ -11,7 +11,7 @@
 // Bytes: 2 x L x n x 4 (read and rewrite the history) + 12n; a few microseconds for any real model,
 // one launch instead of one per tensor. Numerics: exactly fusedkit.fp8.recipes (update_amax_history,
 // delayed_scale), tested bit for bit.
-// Status: compile-checked; its GPU tests (tests/test_fp8_scaling.py) have not run on a GPU yet.
+// Status: bit for bit with the reference on the H200 (tests/test_fp8_scaling.py, GPU run of 2026-12-03).
 
 namespace fk {
 
