@@ -352,9 +352,10 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
 # compiled kernel) times FWD_FP8_WAVES, so each block merges its amax once rather than once per row
 # group. None: the non-persistent kernel instead (one group per block, the launch of the plain forward,
 # 48 registers where the loop needs 63, the amax merged per warp without a barrier): within 1-2 % of
-# 1 / 2 / 4 waves on the H200 (tools/sweep_fp8_grid.py, sweep_fp8_grid_2026-12-04T1630Z.json). H200, bf16, sweep_fp8_grid_2026-12-03T0949Z.json (None was then
-# the persistent kernel with one group per block and a block merge each): RMSNorm 0.65-0.77 -> 0.76-0.83
-# of copy, LayerNorm 0.55-0.67 -> 0.62-0.70 with 4 waves (1 and 2 waves within 1-2% of it).
+# 1 / 2 / 4 waves on the H200 (tools/sweep_fp8_grid.py, sweep_fp8_grid_2026-12-04T1630Z.json). H200,
+# bf16, sweep_fp8_grid_2026-12-03T0949Z.json (None was then the persistent kernel with one group per
+# block and a block merge each): RMSNorm 0.65-0.77 -> 0.76-0.83 of copy, LayerNorm 0.55-0.67 ->
+# 0.62-0.70 with 4 waves (1 and 2 waves within 1-2% of it).
 # FWD_FP8_MAX_GRID (None: no cap) forces a smaller grid of the persistent kernel (tests: several
 # groups per block).
 FWD_FP8_WAVES = 4
