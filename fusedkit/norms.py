@@ -306,7 +306,7 @@ def layer_norm(x, weight=None, bias=None, *, eps=1e-5, zero_centered_gamma=False
     history that :func:`fusedkit.fp8.update_scales` zeroes each step) that the amax is merged into
     (``max``), returned as ``.amax``: no new array and no zeroing per call.
     """
-    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
+    if residual is None and fp8_fmt is None and fp8_scale is None and fp8_amax_out is None:  # _callcache.py
         out = _callcache.norm_forward(x, weight, bias, eps, zero_centered_gamma, out_dtype, return_stats, False)
         if out is not None:
             return out
@@ -321,7 +321,7 @@ def rms_norm(x, weight=None, *, eps=1e-6, zero_centered_gamma=False, out_dtype=N
     Returns ``y``, then ``h = x + residual`` if a residual was given, then ``rstd`` if ``return_stats``.
     ``fp8_fmt`` / ``fp8_scale`` / ``fp8_amax_out``: ``y`` as an FP8Tensor, as in :func:`layer_norm`.
     """
-    if residual is None and fp8_fmt is None and fp8_scale is None:  # host fast path (_callcache.py)
+    if residual is None and fp8_fmt is None and fp8_scale is None and fp8_amax_out is None:  # _callcache.py
         out = _callcache.norm_forward(x, weight, None, eps, zero_centered_gamma, out_dtype, return_stats, True)
         if out is not None:
             return out

@@ -127,8 +127,11 @@ def test_bad_amax_out(backend):
         fk.quantize(a["x"], amax_out=ok)  # current scaling
     with pytest.raises(ValueError, match="delayed scaling"):
         fk.cast_transpose_dbias(a["dy"], amax_out=ok)
+    fk.layer_norm(a["x"])  # a plain call first: the host fast path (_callcache) must not take the next one
     with pytest.raises(ValueError, match="fp8_amax_out .* with fp8_fmt"):
         fk.layer_norm(a["x"], fp8_amax_out=ok)
+    with pytest.raises(ValueError, match="fp8_amax_out .* with fp8_fmt"):
+        fk.rms_norm(a["x"], fp8_amax_out=ok)
     with pytest.raises(ValueError, match="fp8_amax_out goes with them"):
         fk.silu(a["x"], fp8_amax_out=ok)
     for bad in (np.zeros(2, F32), np.zeros(1, np.float64)):
