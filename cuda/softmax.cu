@@ -432,12 +432,11 @@ struct OneShotMerge {
   }
 };
 
-// The statistics of this CTA's part of a row whose vectors sit in registers (MASKING: how `bits`
-// applies), merged over the 32 * WARPS threads of the row (row_merge: every thread of the block calls
-// it, with the same parity).
-template <typename T, int VEC, int ITEMS, int WARPS, int MASKING>
-__device__ __forceinline__ MaxSum row_part_stats(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits, int v0,
-                                                 int vend, float c, int& parity) {
+// Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
+__device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
+                                                   O* __restrict__ y, long long base, bool row_ok, int v0,
+                                                   int vend, float c, const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
@@ -448,15 +447,10 @@ __device__ __forceinline__ MaxSum row_part_stats(const Vec<T, VEC> (&raw)[ITEMS]
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
-  return row_merge<WARPS>(MaxSum{k, s}, parity);
-}
 
-// The outputs of a row whose vectors sit in registers, from the row's statistics st.
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
-__device__ __forceinline__ void store_row_out(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
-                                              O* __restrict__ y, long long base, int v0, int vend, float c,
-                                              MaxSum st) {
-  constexpr int T_ROW = 32 * WARPS;
+  int parity = 0;  // one reduction per row slot
+  const MaxSum st = merge(row_merge<WARPS>(MaxSum{k, s}, parity));
+  if (!row_ok) return;
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float log2_s = LOG ? log2f(st.s) : 0.f;
@@ -472,17 +466,6 @@ __device__ __forceinline__ void store_row_out(const Vec<T, VEC> (&raw)[ITEMS], u
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
-}
-
-// Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
-__device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
-                                                   O* __restrict__ y, long long base, bool row_ok, int v0,
-                                                   int vend, float c, const MERGE& merge) {
-  int parity = 0;  // one reduction per row slot
-  const MaxSum st = merge(row_part_stats<T, VEC, ITEMS, WARPS, MASKING>(raw, bits, v0, vend, c, parity));
-  if (!row_ok) return;
-  store_row_out<T, O, VEC, ITEMS, WARPS, LOG, MASKING>(raw, bits, y, base, v0, vend, c, st);
 }
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
@@ -547,43 +530,6 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
-// A CTA's part of a staged row: the 16-byte vectors [v0, vend) of chunk = ceil(nvec / CLUSTER) each (the
-// last CTAs' parts may be short or empty), copied into the stage by one bulk copy of `bytes`.
-template <int VEC, int CLUSTER>
-struct StagedPart {
-  int rank, v0, vend;
-  unsigned bytes;
-  __device__ __forceinline__ explicit StagedPart(int N) {
-    rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-    const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-    v0 = min(rank * chunk, nvec);
-    vend = min(v0 + chunk, nvec);
-    bytes = (unsigned)(vend - v0) * 16u;
-  }
-  // The bulk copy of row `row`'s part into the stage (the caller's thread 0; none for an empty part).
-  template <typename T>
-  __device__ __forceinline__ void fill(void* stage, const T* x, long long row, int N, const StageRing& ring) const {
-    if (bytes > 0) {
-      ring.expect(0, bytes);
-      bulk_load(stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
-  }
-};
-
-// This thread's vectors of the staged part into registers (thread t takes vectors t + i T_ROW).
-template <typename T, int VEC, int ITEMS, int T_ROW>
-__device__ __forceinline__ void take_stage(Vec<T, VEC> (&raw)[ITEMS], const Vec<T, VEC>* stage, int v0, int vend) {
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = v0 + threadIdx.x + i * T_ROW;
-    if (v < vend) {
-      raw[i] = stage[v - v0];
-    } else {
-      vec_zero(raw[i]);
-    }
-  }
-}
-
 // Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
 // row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters). Its chunk of the next
 // row arrives by one bulk copy into shared memory while it reduces and writes the current one from
@@ -619,15 +565,20 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   __shared__ unsigned long long bar;
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
   const long long G = gridDim.x / CLUSTER;
-  const StagedPart<VEC, CLUSTER> mine(N);
-  const int v0 = mine.v0, vend = mine.vend;
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  const unsigned bytes = (unsigned)(vend - v0) * 16u;
   const V* stage = reinterpret_cast<const V*>(softmax_stage);
   const StageRing ring(&bar, 1);
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   if (threadIdx.x == 0) {
     ring.init();
     if constexpr (CLUSTER > 1) box.init();
-    mine.fill(softmax_stage, x, row, N, ring);
+    if (bytes > 0) {
+      ring.expect(0, bytes);
+      bulk_load(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
   }
   __syncthreads();  // the barrier's init is visible
   if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
@@ -637,16 +588,27 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
   for (int step = 0; row < M; row += G, ++step) {
-    if (mine.bytes > 0) {
+    if (bytes > 0) {
       ring.wait(0, phase);
       phase ^= 1u;
     }
     V raw[ITEMS];
-    take_stage<T, VEC, ITEMS, T_ROW>(raw, stage, v0, vend);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = v0 + threadIdx.x + i * T_ROW;
+      if (v < vend) {
+        raw[i] = stage[v - v0];
+      } else {
+        vec_zero(raw[i]);
+      }
+    }
     __syncthreads();  // the stage is read: refill it with the next row's chunk
-    if (threadIdx.x == 0 && mine.bytes > 0 && row + G < M) mine.fill(softmax_stage, x, row + G, N, ring);
+    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
+      ring.expect(0, bytes);
+      bulk_load(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
+    }
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
-                                                        StepMerge<CLUSTER>{&box, step, mine.rank});
+                                                        StepMerge<CLUSTER>{&box, step, rank});
   }
   if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
     cluster_arrive();
