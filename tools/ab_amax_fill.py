@@ -1,10 +1,12 @@
-"""A/B on the GPU: what the per-call fill kernel of the FP8 ops costs. Every FP8 op zeroes a fresh amax
-buffer (fusedkit._interop.full: a fill kernel queued before the op's kernel); variant "nofill" hands out
-a buffer zeroed once, outside the timed region, so the op's kernel runs alone (its amax is then wrong:
-timing only); "memset" zeroes it with cudaMemsetAsync on the launch stream instead of a kernel. Same timer as the benchmark (L2 flushed, median), interleaved rounds. Prints a table;
-writes JSON to argv[1]. H200, 2026-12-04 (ab_amax_fill_2026-12-04T1700Z.json): 2.1-2.5 us per call.
+"""A/B on the GPU: what zeroing the FP8 ops' amax costs per call. Every FP8 op merges its amax into a fresh
+zeroed fp32 element (fusedkit._interop.full); variants: "fill" zeroes it with torch's fill kernel (as
+before 2026-12-04), "memset" with cudaMemsetAsync on the launch stream (what _interop.full does now),
+"nofill" hands out one buffer zeroed outside the timed region, so the op's kernel runs alone (its amax is
+then wrong: timing only). Same timer as the benchmark (L2 flushed, median), interleaved rounds; prints a
+table, writes JSON to argv[1]. H200, 2026-12-04: fill 2.1-2.5 us a call, memset about half of that
+(ab_amax_fill_2026-12-04T1700Z.json, ab_amax_memset_2026-12-04T1715Z.json).
 
-    PYTHONPATH=. python3 tools/ab_amax_fill.py $OUT/ab_amax_fill.json
+    PYTHONPATH=. python3 tools/ab_amax_fill.py $OUT/ab_amax_fill.json [quick]
 """
 import json
 import sys
@@ -16,7 +18,7 @@ from fusedkit import _interop
 from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs
 
 SHAPES = ((32768, 4096), (16384, 8192))
-real_full = _interop.full
+real_full = _interop.full  # zeros by cudaMemsetAsync
 _cache = {}
 
 
@@ -27,18 +29,13 @@ def cached_full(kind, like, shape, dtype, value):
     return _cache[key]
 
 
-def memset_full(kind, like, shape, dtype, value):
-    """Zeros by cudaMemsetAsync on the launch stream instead of a fill kernel (other values: the fill)."""
-    if value != 0.0:
-        return real_full(kind, like, shape, dtype, value)
-    import cupy
-    t = torch.empty(shape, dtype=getattr(torch, dtype), device=like.obj.device)
-    cupy.cuda.runtime.memsetAsync(t.data_ptr(), 0, t.numel() * t.element_size(),
-                                  _interop.stream(kind, like.device))
+def kernel_full(kind, like, shape, dtype, value):
+    """torch's fill kernel for every value (the benchmark runs torch tensors)."""
+    t = torch.full(shape, value, dtype=getattr(torch, dtype), device=like.obj.device)
     return t, t.data_ptr()
 
 
-VARIANTS = {"fill": real_full, "memset": memset_full, "nofill": cached_full}
+VARIANTS = {"fill": kernel_full, "memset": real_full, "nofill": cached_full}
 
 
 def cases(M, N):

@@ -340,6 +340,7 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
     smem_w = smem_w and persistent and cfg[0] == "rows" and fwd_fp8_smem_bytes(N, rms) <= FWD_FP8_SMEM_W_MAX
     smem = fwd_fp8_smem_bytes(N, rms) if smem_w else 0
+    plain_w = plain_w or smem_w  # the shared copy holds the defaults and the + 1: one kernel either way
     expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent, smem_w=smem_w)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
@@ -574,7 +575,7 @@ def all_expressions():
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False))
-                            if f8[0] == "rows" and fwd_fp8_smem_bytes(N, rms) <= FWD_FP8_SMEM_W_MAX:
+                            if plain_w and f8[0] == "rows" and fwd_fp8_smem_bytes(N, rms) <= FWD_FP8_SMEM_W_MAX:
                                 exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                              smem_w=True))  # FWD_FP8_SMEM_W (sweep, tests)
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):

@@ -15,6 +15,13 @@ import numpy as np
 from .. import _dtypes, _interop
 
 
+def require_delayed(amax_out, scale, who: str) -> None:
+    """ValueError for ``amax_out`` with current scaling (no ``scale``)."""
+    if amax_out is not None and scale is None:
+        raise ValueError(f"{who}: `amax_out` is for delayed scaling (pass `scale=`); current scaling takes the "
+                         "scale from this tensor's own amax, returned as `.amax`")
+
+
 def check(amax_out, kind: str, who: str) -> None:
     """A clear error unless ``amax_out`` is a writable 1-element float32 array of x's framework."""
     fw = _interop.framework(amax_out)

@@ -47,9 +47,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     if columnwise and not isinstance(recipe, MXFP8Scaling):
         raise ValueError("fusedkit.quantize: columnwise=True needs recipe=MXFP8Scaling() (column-wise "
                          "blocks of 32 rows); per-tensor scales are the same either way")
-    if amax_out is not None and scale is None:
-        raise ValueError("fusedkit.quantize: `amax_out` is for delayed scaling (pass `scale=`); current "
-                         "scaling takes the scale from this tensor's own amax, returned as `.amax`")
+    _amax.require_delayed(amax_out, scale, "fusedkit.quantize")
     if isinstance(recipe, (MXFP8Scaling, BlockScaling)):
         if scale is not None or transpose:
             raise ValueError("fusedkit.quantize: block-scaled recipes take no `scale` and no `transpose`")
@@ -150,9 +148,7 @@ def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, rec
 
 def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who, amax_out=None):
     f = as_format(fmt)
-    if amax_out is not None and scale is None:
-        raise ValueError(f"{who}: `amax_out` is for delayed scaling (pass `scale=`); current scaling takes the "
-                         "scale from this tensor's own amax, returned as `.amax`")
+    _amax.require_delayed(amax_out, scale, who)
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError(f"{who}: recipe must be None or a CurrentScaling; for delayed scaling pass the scale "
                         f"from your amax history as `scale=` (block-scaled recipes are not fused here)")
@@ -195,10 +191,10 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
     data_t, dtp = _interop.empty(kind, D, (N, M), "uint8")
     sinv, sp = _interop.empty(kind, D, (1,), "float32")
     gx, gy = cuda_fp8.ct_grid(M, N, want_dbias)
-    # amax (element 0, atomicMax target) and, with dbias, the kernel's gx ticket counters: one zeroed buffer
-    # (the amax elsewhere with amax_out: the buffer then starts with an unused element)
-    buf, bp = _interop.full(kind, D, (1 + (gx if want_dbias else 0),), "float32", 0.0) \
-        if amax_out is None or want_dbias else (None, 0)
+    # amax (element 0, atomicMax target; unused with amax_out) and, with dbias, the kernel's gx ticket
+    # counters: one zeroed buffer, not needed at all for amax_out without dbias (no zeroing per call)
+    buf, bp = (None, 0) if amax_out is not None and not want_dbias else \
+        _interop.full(kind, D, (1 + (gx if want_dbias else 0),), "float32", 0.0)
     amax, ap = (buf[:1], bp) if amax_out is None else _amax.device_target(amax_out, kind, D, who)
     ptrs = _scale_ptrs(kind, D, scale, ap, who)
     # dact on rows the 16-byte loads can't take: g goes through an fp32 scratch (cast by the fp32 kernel,

@@ -473,7 +473,7 @@ def _ce_fwd_callbacks(key, gpu: bool):
     the scratch."""
     from ..cross_entropy import gpu_forward, scratch_sizes
     shape, x_dt, t_dt, ignore_index, eps, reduction, z, want_lse, want_grad = key
-    N, M = shape[-1], math.prod(shape[:-1])
+    N, M = _rows(shape)
     tshape = shape[:-1]
     f32, i32 = scratch_sizes(M, reduction)
     results = (_sds(tshape if reduction == "none" else (), "float32"),
@@ -498,7 +498,7 @@ def _ce_fwd_callbacks(key, gpu: bool):
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
             gpu_forward(_ptr(x), _ptr(t), t_dt == "int32", M, N, x_dt, ignore_index, eps, z, reduction,
-                            _ptr(loss_o), _ptr(lse_o), _ptr(grad_o), dev, ctx.stream, _Bump(f32_o, i32_o))
+                        _ptr(loss_o), _ptr(lse_o), _ptr(grad_o), dev, ctx.stream, _Bump(f32_o, i32_o))
 
     return results, {"cpu": cpu_cb, "gpu": gpu_cb}
 
@@ -517,7 +517,7 @@ def _ce_bwd_callable(platform: str, key):
 def _ce_bwd_callbacks(key, gpu: bool):
     from ..cross_entropy import gpu_backward, scratch_sizes
     shape, x_dt, t_dt, ignore_index, eps, reduction, z, scale, per_token, gl_shape = key
-    N, M = shape[-1], math.prod(shape[:-1])
+    N, M = _rows(shape)
     f32, i32 = scratch_sizes(M, reduction, backward=True)
     results = (_sds(shape, x_dt),
                _sds((f32,), "float32") if gpu else None,
@@ -535,7 +535,7 @@ def _ce_bwd_callbacks(key, gpu: bool):
         dev = x.__dlpack_device__()[1]
         with cupy.cuda.Device(dev):
             gpu_backward(_ptr(gl), per_token, 1.0 if scale is None else scale, _ptr(x), _ptr(t),
-                             t_dt == "int32", _ptr(lse), _ptr(grad_o), M, N, x_dt, ignore_index, eps, z,
-                             reduction, dev, ctx.stream, _Bump(f32_o, i32_o))
+                         t_dt == "int32", _ptr(lse), _ptr(grad_o), M, N, x_dt, ignore_index, eps, z,
+                         reduction, dev, ctx.stream, _Bump(f32_o, i32_o))
 
     return results, {"cpu": cpu_cb, "gpu": gpu_cb}

@@ -41,22 +41,25 @@ def _fused(logits) -> bool:
     return USE_NUMBA and a.dtype == np.float32 and a.ndim >= 1 and a.shape[-1] > 0
 
 
-def _fused_rows(logits, target, ignore_index, label_smoothing, z_loss, g, inplace, lse_in=None):
-    """The Numba rows: (loss, lse) per token in float64 and the gradient (None without ``g``), written
-    into the logits with ``inplace``."""
+def _fused_rows(logits, target, ignore_index, label_smoothing, z_loss, reduction, want_grad, inplace,
+                grad_loss=None, lse_in=None):
+    """The Numba rows: (loss, lse) per token in float64, the valid mask and the gradient (with
+    ``want_grad``, scaled by ``grad_loss`` as _row_scale does; written into the logits with ``inplace``).
+    ``lse_in``: the backward's saved lse (float64 per token) instead of recomputing it."""
     from . import _softmax_numba  # imports Numba: not at `import fusedkit`
     x = np.asarray(logits)
     N = x.shape[-1]
     t, valid = _targets(target, ignore_index, N)
     x2 = np.ascontiguousarray(x).reshape(-1, N)
     grad = None
-    if g is not None:
+    if want_grad:
         if inplace and not x.flags.writeable:
             raise ValueError("fusedkit: inplace_grad=True needs writable logits")
         grad = x2 if inplace and np.shares_memory(x2, x) else np.empty(x2.shape, np.float32)
     loss, lse = _softmax_numba.cross_entropy_rows(x2, t, valid, float(label_smoothing), float(z_loss),
-                                                   lse_in is None, None if g is None else g(valid), grad,
-                                                   lse_in)
+                                                   lse_in is None,
+                                                   _row_scale(valid, reduction, grad_loss) if want_grad else None,
+                                                   grad, lse_in)
     if grad is not None:
         if not inplace:
             grad = grad.reshape(x.shape)
@@ -120,9 +123,8 @@ def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, red
     if not return_grad and inplace_grad:
         raise ValueError("fusedkit: inplace_grad=True needs return_grad=True")
     if _fused(logits):
-        loss, lse, valid, G = _fused_rows(logits, target, ignore_index, label_smoothing, z_loss,
-                                          (lambda v: _row_scale(v, reduction)) if return_grad else None,
-                                          inplace_grad)
+        loss, lse, valid, G = _fused_rows(logits, target, ignore_index, label_smoothing, z_loss, reduction,
+                                          return_grad, inplace_grad)
         return _outputs(loss, lse, valid, target, reduction, return_lse, G)
     x, t, valid, N = _rows(logits, target, ignore_index)
     lse = _lse(x, valid)
@@ -162,10 +164,8 @@ def cross_entropy_backward(grad_loss, logits, target, lse, *, ignore_index=-100,
                            reduction="mean", z_loss=0.0, inplace_grad=False):
     _check_options(reduction, label_smoothing, z_loss)
     if _fused(logits):
-        valid_lse = np.asarray(lse, np.float64).reshape(-1)
-        _, _, _, G = _fused_rows(logits, target, ignore_index, label_smoothing, z_loss,
-                                 lambda v: _row_scale(v, reduction, grad_loss), inplace_grad, valid_lse)
-        return G
+        return _fused_rows(logits, target, ignore_index, label_smoothing, z_loss, reduction, True, inplace_grad,
+                           grad_loss, np.asarray(lse, np.float64).reshape(-1))[3]
     x, t, valid, N = _rows(logits, target, ignore_index)
     lse64 = np.where(valid, np.asarray(lse, np.float64).reshape(-1), 0.0)
     g = _row_scale(valid, reduction, grad_loss)
