@@ -296,15 +296,8 @@ struct Fp8FwdMinBlocks {
 // <bf16, 8, 4, 4>, so 8 blocks of 128 threads per SM instead of 10). Otherwise one row group per block
 // (grid = the groups, as norm_fwd; 48 registers) and the amax merged per warp, without a barrier
 // (warp_amax_merge). cuda_norms.FWD_FP8_WAVES picks (None: one group per block).
-// SMEM_W (persistent only; cuda_norms.FWD_FP8_SMEM_W, an experiment): gamma and beta are widened to
-// fp32 once per block into dynamic shared memory (N or 2N floats; zero-centring, absent weights and bias
-// folded in there), and every row reads them with 16-byte shared loads instead of a global load and a
-// widening per element. The FP8 forward is issue-bound (Nsight Compute, 2026-12-04: LayerNorm 17.1
-// instructions per element at 0.70 issued per scheduler-cycle): this takes ~1.75 of them for LayerNorm,
-// ~0.9 for RMSNorm. Costs: 4N or 8N bytes of shared memory per block (fewer resident blocks where that,
-// not registers, becomes the limit) and one fill per block. Same values: y bit for bit.
 template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          bool PERSISTENT = true, bool SMEM_W = false>
+          bool PERSISTENT = true>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
                                   (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
@@ -325,26 +318,6 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
                                                                      N, eps, zero_centered, parity);
     warp_amax_merge(st.amax, amax_out);
     return;
-  }
-  // The weights the rows read: the arguments, or (SMEM_W) their fp32 copy in shared memory.
-  using WS = typename PickType<SMEM_W, float, W>::type;
-  const WS* gw;
-  const WS* gb;
-  if constexpr (SMEM_W) {
-    static_assert(PERSISTENT, "SMEM_W: the fill pays off over the row groups a block walks");
-    extern __shared__ __align__(16) float w_smem[];
-    const unsigned nthreads = blockDim.x * blockDim.y;
-    for (int c = (int)tid; c < N; c += (int)nthreads) {
-      // gamma / beta as load_gamma / load_beta or the PLAIN_W loads give them (the same y bit for bit)
-      w_smem[c] = w == nullptr ? 1.f : (zero_centered ? to_float(w[c]) + 1.f : to_float(w[c]));
-      if constexpr (!RMS) w_smem[N + c] = b != nullptr ? to_float(b[c]) : 0.f;
-    }
-    __syncthreads();
-    gw = w_smem;
-    gb = RMS ? nullptr : w_smem + N;
-  } else {
-    gw = w;
-    gb = b;
   }
   // Grid-stride over groups of RPB rows (block-uniform trip count: every thread reaches the barriers).
   // A grid smaller than the groups merges the amax once per block instead of once per row group (the
@@ -370,9 +343,8 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
     load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, WS, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W || SMEM_W>(a, gw, gb, y, st, mean_out, rstd_out,
-                                                                             row, row < M, N, eps, zero_centered,
-                                                                             parity);
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
+                                                           eps, zero_centered, parity);
   }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
 }

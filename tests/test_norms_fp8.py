@@ -265,29 +265,6 @@ def test_fp8_grid_stride(backend, grid, N, rms, monkeypatch):
         np.testing.assert_allclose(to_numpy(g), s, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", backend_params(GPU))
-@pytest.mark.parametrize("weights", ["plain", "zero_centered", "no_weight", "no_bias"])
-@pytest.mark.parametrize("N", [7, 781, 4096, 8192])
-@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("grid", [3, None], ids=["grid3", "waves"])
-def test_fp8_shared_weights(backend, weights, N, rms, grid, monkeypatch):
-    """FWD_FP8_SMEM_W: gamma / beta widened to fp32 in shared memory once per block (zero-centring and
-    absent weights folded in there) give the same bytes, scale_inv and amax as the CPU reference and
-    as the GPU's own fp32 output, bit for bit; several row groups per block (grid 3) and the default grid."""
-    from fusedkit.backends import cuda_norms
-    monkeypatch.setattr(cuda_norms, "FWD_FP8_SMEM_W", True)
-    if grid is not None:
-        monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", grid)
-    skip_unsupported(backend, "bfloat16")
-    rng, x, w, b = _make(("fp8smemw", backend, weights, N, rms, grid), (517, N), "bfloat16", "bfloat16")
-    w = None if weights == "no_weight" else w
-    b = None if weights == "no_bias" else b
-    zc = weights == "zero_centered"
-    scale = _scale(rng, "e4m3")
-    t = _call(backend, x, w, b, rms, eps=1e-5, zero_centered_gamma=zc, fp8_fmt="e4m3", fp8_scale=float(scale))
-    _check_all(backend, t, x, w, b, rms, "e4m3", scale, zero_centered=zc)
-
-
 # ------------------------------------------------------------------------------------------------
 # bad input: a clear exception that says what was wrong
 

@@ -15,10 +15,6 @@ struct f16 { unsigned short bits; };
 template <typename T> struct IsBf16 { static constexpr bool value = false; };
 template <> struct IsBf16<bf16> { static constexpr bool value = true; };
 
-// PickType<C, A, B>::type: A if C else B (std::conditional, which NVRTC builds here do not include).
-template <bool C, typename A, typename B> struct PickType { using type = A; };
-template <typename A, typename B> struct PickType<false, A, B> { using type = B; };
-
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
 __device__ __forceinline__ float to_float(f16 v) {

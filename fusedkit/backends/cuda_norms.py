@@ -211,17 +211,14 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, smem_w=False) -> str:
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
-    grid-stride register kernel (else one row group per block, see norm_fwd_fp8); ``smem_w``: its
-    weights widened to fp32 once per block into shared memory (SMEM_W there; persistent only)."""
+    grid-stride register kernel (else one row group per block, see norm_fwd_fp8)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        assert persistent or not smem_w, "SMEM_W is a variant of the persistent kernel"
-        tail = ", true, true" if smem_w else ("" if persistent else ", false")
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}{tail}>")
+                f"{_b(plain_w)}{'' if persistent else ', false'}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -336,27 +333,19 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 _fwd_fp8_plans: dict = {}
 
 
-def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, smem_w):
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    smem_w = smem_w and persistent and cfg[0] == "rows" and fwd_fp8_smem_bytes(N, rms) <= FWD_FP8_SMEM_W_MAX
-    smem = fwd_fp8_smem_bytes(N, rms) if smem_w else 0
-    plain_w = plain_w or smem_w  # the shared copy holds the defaults and the + 1: one kernel either way
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent, smem_w=smem_w)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
-        fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], smem)
+        fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], 0)
         grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))" if persistent else f"max(1, rows/{rpb})"
     else:  # norm_fwd_looped_fp8: one block per row
         rpb, block, fit, grid = 1, (1024, 1), None, "max(1, rows)"
     _log_config("norm_fwd_fp8", expr, grid, block)
-    return Launcher(k.kernel, "pppppppppppqifi", device), block, rpb, fit, smem
-
-
-def fwd_fp8_smem_bytes(N, rms) -> int:
-    """Dynamic shared memory of the SMEM_W variant: gamma (and beta for LayerNorm) in fp32."""
-    return 4 * N * (1 if rms else 2)
+    return Launcher(k.kernel, "pppppppppppqifi", device), block, rpb, fit
 
 
 # The FP8 forward walks groups of rows grid-stride: its grid is the resident blocks (occupancy of the
@@ -371,12 +360,6 @@ def fwd_fp8_smem_bytes(N, rms) -> int:
 # groups per block).
 FWD_FP8_WAVES = 4
 FWD_FP8_MAX_GRID = None
-# FWD_FP8_SMEM_W (experiment, off): the persistent kernel's gamma / beta widened to fp32 once per block
-# into shared memory (norm_fwd_fp8's SMEM_W), where that takes at most FWD_FP8_SMEM_W_MAX bytes; A/B:
-# tools/sweep_fp8_grid.py. Written 2026-12-04 after the profile that found the FP8 forward issue-bound;
-# not measured yet.
-FWD_FP8_SMEM_W = False
-FWD_FP8_SMEM_W_MAX = 160 * 1024
 
 
 def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
@@ -388,11 +371,12 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
     plain_w = plain_weights(w, b, rms, zero_centered)
     persistent = FWD_FP8_WAVES is not None or FWD_FP8_MAX_GRID is not None
-    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, FWD_FP8_SMEM_W)
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
-        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(*key)
-    fn, block, rpb, fit, smem = plan
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w,
+                                                   persistent)
+    fn, block, rpb, fit = plan
     grid = -(-M // rpb)
     if fit is not None:  # the register kernel
         if grid >= 2**31:  # it counts row groups in 32 bits (and a grid has at most 2^31 - 1 blocks)
@@ -402,7 +386,7 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
             if cap is not None:
                 grid = min(grid, cap)
     grid = max(1, grid)
-    fn(grid, block, smem, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
+    fn(grid, block, 0, stream_ptr(stream), x, res, w, b, y, hsum, mean, rstd, scale, scale_inv,
        amax, M, N, eps, zero_centered)
 
 
@@ -575,9 +559,6 @@ def all_expressions():
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False))
-                            if plain_w and f8[0] == "rows" and fwd_fp8_smem_bytes(N, rms) <= FWD_FP8_SMEM_W_MAX:
-                                exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
-                                                             smem_w=True))  # FWD_FP8_SMEM_W (sweep, tests)
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
                         pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
