@@ -573,43 +573,6 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     torch.cuda.synchronize()
 
 
-def test_split_rows():
-    """The tail split's arithmetic: whole waves of R rows on the main config, the rest split over
-    clusters when it fills at most TAIL_SPLIT_MAX of a wave and its clusters are all resident."""
-    assert cs.split_rows(2048, 132, 264) == (1980, 68)
-    assert cs.split_rows(68, 132, 264) == (0, 68)            # less than a wave: all rows split
-    assert cs.split_rows(1980, 132, 264) == (1980, 0)        # whole waves
-    assert cs.split_rows(131 + 132, 132, 264) == (263, 0)    # a last wave fuller than TAIL_SPLIT_MAX
-    assert cs.split_rows(2048, 132, 50) == (2048, 0)         # tail clusters would not all be resident
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_tail_split(monkeypatch, dtype):
-    """Rows of 65536 (one CTA per row): the last, partly filled wave's rows go to a second launch that
-    splits each over a cluster. Fresh rows with offsets in the head and the tail, softmax with a scale,
-    log-softmax and fp32 output against float64; the split is checked to have happened."""
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(cs, "_fwd_plans", {})
-    monkeypatch.setattr(cs, "_tail_plans", {})
-    N = 65536
-    rng = rng_for("tail", dtype)
-    fk.softmax(to_backend(rand(rng, (1, N), dtype), "torch"))
-    plans = [tp for tp in cs._tail_plans.values() if tp is not None]
-    assert plans, "65536 takes one CTA per row: the tail split applies"
-    R, resident = plans[0][0], plans[0][4]
-    for M in (R + R // 3, max(1, R // 2)):
-        assert cs.split_rows(M, R, resident)[1] > 0
-        x = rand(rng, (M, N), dtype, scale=2.0)
-        x[0, :7] += 1e4
-        x[M - 1, -5:] -= 1e4
-        X = to_backend(x, "torch")
-        assert_rows(fk.softmax(X, scale=0.5), softmax64(x, 0.5), dtype, f"y M={M}")
-        assert_close(fk.log_softmax(X), log_softmax64(x), dtype, f"log_softmax M={M}")
-        assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", f"y fp32 M={M}")
-    torch.cuda.synchronize()
-
-
 @pytest.mark.gpu
 def test_cluster_not_resident_falls_back(monkeypatch):
     """A cluster config that cannot be resident (the tuned 16 CTAs at 262144 on a partitioned GPU) gives

@@ -58,26 +58,18 @@ TUNED_MASKED_FWD: dict = {(1024, 2): ("rows", 4, 1)}
 # register CTA per row (0.866), so 65536 keeps that.
 TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 STAGED_MAX_GRID = None
-# Tail split (unmasked forward of a "rows" config with one CTA per row and one CTA per SM, e.g. 65536):
-# such a grid runs in waves of R resident CTAs, and a last wave of M mod R rows leaves the other SMs idle for a whole row's
-# time (2048 rows of 65536 on 132 SMs: 15.5 waves in the time of 16). When those rows are at most
-# TAIL_SPLIT_MAX of a wave, a second launch takes them with each row split over a cluster
-# (TUNED_TAIL_FWD, else the rule's smallest cluster config), so they spread over every SM and take about
-# their share of a wave. None: off. Measured with tools/ab_softmax_tail.py.
-TAIL_SPLIT_MAX = 0.75
-TUNED_TAIL_FWD: dict = {}  # (N, itemsize) -> ("cluster", items, warps, C)
 
 # MASKING template values (cuda/softmax.cu)
 MASK_NONE, MASK_CAUSAL, MASK_TENSOR, MASK_BOTH = 0, 1, 2, 3
 
 
-def _rule(N, itemsize, max_items, clusters, max_vec, tuned, min_cluster=1):
+def _rule(N, itemsize, max_items, clusters, max_vec, tuned):
     vec = vec_width(N, itemsize, max_vec)
     t = tuned.get((N, itemsize))
     if t is not None and vec == vec_width(N, itemsize) and (t[0] == "rows" or clusters):
         return (t[0], vec) + tuple(t[1:])
     nv = N // vec
-    sizes = tuple(c for c in (1,) + tuple(clusters) if c >= min_cluster)
+    sizes = (1,) + tuple(clusters)
 
     def make(c, items, warps):
         return ("rows", vec, items, warps) if c == 1 else ("cluster", vec, items, warps, c)
@@ -107,16 +99,6 @@ def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, 
         return ("staged", vec) + tuple(t)
     tuned = {**TUNED_FWD, **TUNED_MASKED_FWD} if masked else TUNED_FWD
     return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, tuned)
-
-
-def tail_config(N: int, itemsize: int, max_vec: int = 16):
-    """The config of the tail split's second launch: a cluster config (each row over C CTAs), or None
-    when N has none (rows that fit one CTA comfortably)."""
-    t = TUNED_TAIL_FWD.get((N, itemsize))
-    if t is not None and vec_width(N, itemsize, max_vec) == vec_width(N, itemsize):
-        return ("cluster", vec_width(N, itemsize)) + tuple(t[1:])
-    cfg = _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS, max_vec, {}, min_cluster=2)
-    return cfg if cfg[0] == "cluster" else None
 
 
 def bwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
@@ -280,8 +262,7 @@ STAGED_CODES = "ppqif"  # x, y, M, N, scale
 
 
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
-    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap, the config taken)
-    of ``cfg``; the
+    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
     grid cap (resident clusters) only for the persistent staged kernel, else None. A config that cannot
     be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
@@ -303,52 +284,17 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
                 cap = _resident_clusters(fn, block, device, smem)
             if cap > 0:
                 _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
-                return fn, block, rpb, per_row, smem, cap, c
+                return fn, block, rpb, per_row, smem, cap
         else:
             fn = launcher(FILE, expr, codes, device, per_row)
             if per_row == 1 or _resident_clusters(fn, block, device) > 0:
                 _log_config(op, expr, f"rows/{rpb}*{per_row}", block)
-                return fn, block, rpb, per_row, 0, None, c
+                return fn, block, rpb, per_row, 0, None
         _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
 
 
 _fwd_plans: dict = {}
-_tail_plans: dict = {}
-
-
-def _tail_plan(plan, N, s, x_dt, o_dt, log, max_vec, device):
-    """(R, launcher, block, C, resident clusters) of the tail split for the forward plan ``plan``, or
-    None where it does not apply (see TAIL_SPLIT_MAX)."""
-    fn, block, rpb, per_row, smem, cap, cfg = plan
-    if TAIL_SPLIT_MAX is None or cfg[0] != "rows" or rpb != 1 or cap is not None:
-        return None
-    tcfg = tail_config(N, s, max_vec)
-    if tcfg is None:
-        return None
-    expr = fwd_expr(cfg, x_dt, o_dt, log, MASK_NONE)
-    per_sm = blocks_per_sm(_jit.get_kernel(FILE, expr, device), expr, device, block[0], 0)
-    if per_sm > 1:  # several CTAs per SM drift apart over the waves: no lockstep last wave to split
-        return None
-    R = per_sm * sm_count(device)
-    tblock, _, C = _geometry(tcfg)
-    texpr = fwd_expr(tcfg, x_dt, o_dt, log, MASK_NONE)
-    tfn = launcher(FILE, texpr, FWD_CODES, device, C)
-    resident = _resident_clusters(tfn, tblock, device)
-    if resident < 1:
-        return None
-    _log_config("softmax_fwd tail", texpr, f"tail rows*{C}", tblock)
-    return R, tfn, tblock, C, resident
-
-
-def split_rows(M: int, R: int, resident: int) -> tuple:
-    """(head, tail) rows of the tail split: head whole waves of R rows on the main config, tail rows on
-    the cluster config; (M, 0) when the last wave is fuller than TAIL_SPLIT_MAX or the tail's clusters
-    would not all be resident at once."""
-    tail = M % R
-    if tail == 0 or tail > TAIL_SPLIT_MAX * R or tail > resident:
-        return M, 0
-    return M - tail, tail
 
 
 def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device, stream, config=None):
@@ -366,25 +312,11 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
         plan = _fwd_plans[key] = _launch_plan(
             "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking), FWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
-    fn, block, rpb, per_row, smem, cap = plan[:6]
+    fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:
         if cap is None:
-            head, tail = M, 0
-            if masking == MASK_NONE and config is None:
-                if key not in _tail_plans:
-                    _tail_plans[key] = _tail_plan(plan, N, s, x_dt, o_dt, log, max_vec, device)
-                tp = _tail_plans[key]
-                if tp is not None:
-                    head, tail = split_rows(M, tp[0], tp[4])
-                    if head * N * s % 16 or head * N * os_ % 16:  # the tail's pointers keep 16-byte alignment
-                        head, tail = M, 0
-            margs = _fwd_mask_args(mask_args)
-            if head:
-                fn(_grid(head, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, head, N, scale, *margs)
-            if tail:  # the last, partly filled wave's rows, each split over a cluster (TAIL_SPLIT_MAX)
-                _, tfn, tblock, C, _ = tp
-                tfn(tail * C, tblock, 0, stream_ptr(stream), x + head * N * s, mask, y + head * N * os_, tail,
-                    N, scale, *margs)
+            fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale,
+               *_fwd_mask_args(mask_args))
         else:  # the persistent staged kernel: at most one cluster per row
             fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), x, y, M, N, scale)
 
