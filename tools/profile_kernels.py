@@ -16,6 +16,8 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
   softmax_fwd     softmax forward at 131072 x 1024 and 2048 x 65536 (0.55-0.70)
   long_rows       softmax forward at 2048 x 65536 and 512 x 262144, cross-entropy at 4096 x 262144
   ce              cross-entropy forward + gradient at 16384 x 32768 (0.52)
+  ct              cast_transpose at 32768 x 4096 (0.86-0.87 of copy, target 0.90)
+  quantize        the delayed quantize at 32768 x 4096 (0.90-0.91: the same reads, one output stream)
   ct_dbias        cast_transpose_dbias at 16384 x 8192 (0.34; 0.76-0.79 at the other shapes)
   dact            dact_cast_transpose (GeLU) at 32768 x 4096 (0.70)
   gemm            FP8 GEMM 8192^3, fast then split accumulation (0.89x / 0.73x cuBLASLt): tensor pipe
@@ -118,6 +120,20 @@ def case_ce():
     x = bf16((16384, 32768), 0.0, 2.0)
     t = torch.randint(0, 32768, (16384,), device="cuda")
     return lambda: fk.cross_entropy(x, t, return_grad=True)
+
+
+def case_ct():
+    import torch
+    x = bf16((32768, 4096), 0.0, 100.0)
+    s = torch.full((1,), 0.37, device="cuda")
+    return lambda: fk.cast_transpose(x, fmt="e4m3", scale=s)
+
+
+def case_quantize():
+    import torch
+    x = bf16((32768, 4096), 0.0, 100.0)
+    s = torch.full((1,), 0.37, device="cuda")
+    return lambda: fk.quantize(x, fmt="e4m3", scale=s)
 
 
 def case_ct_dbias():

@@ -1,0 +1,97 @@
+"""A/B of compile-time experiments (NVRTC defines) in one process, on the GPU.
+
+Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the shipped build first and
+always included); between variants the in-memory kernel and launcher caches are dropped, so the next
+call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
+Times AB_OPS (default: the FP8 cast-transpose at the benchmark's three shapes, and the delayed quantize
+at 32768 x 4096 as a control that no cast-transpose define touches), bf16 inputs as the benchmark's,
+three interleaved rounds, each op as a fraction of a copy timed in the same round; checks that every
+variant's output bytes equal the shipped build's. Writes JSON to argv[1].
+
+    AB_OPTIONS="-DFK_CT_ORDER=1;-DFK_CT_STORE_CS=1" PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
+"""
+import json
+import os
+import sys
+
+import torch
+
+import fusedkit as fk
+from fusedkit import _jit
+from fusedkit.backends import _common
+from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps
+
+ROUNDS = 3
+
+
+def cases():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scale = torch.full((1,), 0.37, device="cuda")
+    out = []
+    for M, N in FP8_SHAPES:
+        x = (torch.randn(M, N, device="cuda", generator=g) * 100).to(torch.bfloat16)
+        out.append((f"fp8_cast_transpose {M}x{N}", 4 * M * N,
+                    lambda x=x: fk.cast_transpose(x, fmt="e4m3", scale=scale)))
+        if (M, N) == FP8_SHAPES[0]:
+            out.append((f"fp8_quantize_delayed {M}x{N}", 3 * M * N,
+                        lambda x=x: fk.quantize(x, fmt="e4m3", scale=scale)))
+    only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
+    return [c for c in out if not only or any(s in c[0] for s in only)]
+
+
+def select(opts):
+    os.environ["FUSEDKIT_NVRTC_OPTIONS"] = opts
+    _jit.clear_memory_cache()
+    _common._launchers.clear()
+    _common._occ.clear()
+
+
+def output_bytes(res):
+    """The uint8 tensors of an op's result (FP8Tensor data and its transpose)."""
+    ts = res if isinstance(res, (tuple, list)) else (res,)
+    got = []
+    for t in ts:
+        for name in ("data", "data_t"):
+            a = getattr(t, name, None)
+            if a is not None and hasattr(a, "dtype"):
+                got.append(a)
+    return got
+
+
+def main(out_path):
+    variants = [""] + [v.strip() for v in os.environ.get("AB_OPTIONS", "").split(";") if v.strip()]
+    timer = GpuTimer(torch)
+    cs = cases()
+    ref = {}
+    for v in variants:  # compile, then check every variant's bytes against the shipped build's
+        select(v)
+        for name, _, fn in cs:
+            got = output_bytes(fn())
+            if not v:
+                ref[name] = got
+            else:
+                same = len(got) == len(ref[name]) and all(torch.equal(a, b) for a, b in zip(got, ref[name]))
+                assert same, f"{v!r}: {name} output differs from the shipped build's"
+    torch.cuda.synchronize()
+    rows = []
+    for rnd in range(ROUNDS):
+        select("")
+        copy = copy_gbps(torch, timer)
+        for v in variants:
+            select(v)
+            for name, nbytes, fn in cs:
+                ms = timer.ms(fn)
+                rows.append(dict(op=name, options=v or "(shipped)", round=rnd, ms=ms, copy_GBps=copy,
+                                 of_copy=nbytes / ms / 1e6 / copy))
+                print(f"{name:34s} {v or '(shipped)':24s} round {rnd}: {ms * 1e3:7.1f} us "
+                      f"{rows[-1]['of_copy']:.3f} of copy", flush=True)
+    for name, _, _ in cs:
+        for v in variants:
+            got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == (v or "(shipped)"))
+            print(f"SUMMARY {name:34s} {v or '(shipped)':24s} median {got[len(got) // 2]:.3f} best {got[-1]:.3f}")
+    with open(out_path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), variants=variants, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "ab_nvrtc_options.json")
