@@ -563,26 +563,6 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
   if (t == 0) count[blockIdx.x] = 0u;
 }
 
-// Experiments (compile-time, off by default; A/B: tools/ab_nvrtc_options.py). FK_CT_ORDER = 1: the
-// blocks of the plain cast (one tile each) taken down the rows first (block b -> row tile b % m_tiles,
-// strip b / m_tiles), so the blocks resident at once write long runs of each transposed row instead of
-// 128 bytes of each of many rows. FK_CT_STORE_CS = 1: both FP8 outputs stored with st.global.cs
-// (evict-first: written once, never read here).
-#ifndef FK_CT_ORDER
-#define FK_CT_ORDER 0
-#endif
-#ifndef FK_CT_STORE_CS
-#define FK_CT_STORE_CS 0
-#endif
-
-__device__ __forceinline__ void ct_store8(unsigned char* dst, unsigned lo, unsigned hi) {
-#if FK_CT_STORE_CS
-  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(dst), "r"(lo), "r"(hi) : "memory");
-#else
-  *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-#endif
-}
-
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4) : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
@@ -599,22 +579,16 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int trow = (warp & 3) * 32 + (lane >> 3) * 8;  // the thread's 8 x 8 sub-tile in the block tile
   const int tcol = (warp >> 2) * 64 + (lane & 7) * 8;
-  const long long m_tiles = (M + kFtTile - 1) / kFtTile;
-  unsigned strip = blockIdx.x, by0 = blockIdx.y;
-  if (FK_CT_ORDER == 1 && !SUMS && gridDim.y == m_tiles) {
-    const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;  // launch order
-    strip = b / gridDim.y;
-    by0 = b % gridDim.y;
-  }
-  const int c0 = strip * kFtTile + tcol;
+  const int c0 = blockIdx.x * kFtTile + tcol;
   const int ncols = min(8, N - c0);  // <= 0: no columns here (the thread still joins the reductions)
   const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
+  const long long m_tiles = (M + kFtTile - 1) / kFtTile;
   constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : ACT == GELU_ERF ? 4 : 8;  // rows per load batch
   float am = 0.f;
   float csum[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) csum[j] = 0.f;
-  for (long long by = by0; by < m_tiles; by += gridDim.y) {
+  for (long long by = blockIdx.y; by < m_tiles; by += gridDim.y) {
     const long long r0 = by * kFtTile + trow;
     if (ncols <= 0 || r0 >= M) continue;
     const int nrows = (int)min(8LL, M - r0);
@@ -642,10 +616,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
         const uint2 u = cast_fp8_x8<F>(g, scale, am);
         lo[i] = u.x;
         hi[i] = u.y;
-        if (i < nrows) {
-          if (VEC == 8) ct_store8(out + base + (long long)i * N, u.x, u.y);
-          else store_bytes8(out + base + (long long)i * N, u.x, u.y, ncols, 1);
-        }
+        if (i < nrows) store_bytes8(out + base + (long long)i * N, u.x, u.y, VEC == 8 ? 8 : ncols, VEC == 8 ? 8 : 1);
       }
     }
     unsigned tlo[8], thi[8];  // transposed: column j of the sub-tile, rows 0-3 (tlo) and 4-7 (thi)
@@ -656,7 +627,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     unsigned char* dst = out_t + (long long)c0 * M + r0;  // out_t row c0 + j starts j * M further
     if (nrows == 8 && tw == 8 && ncols == 8) {  // every sub-tile but those at the tensor's edges
 #pragma unroll
-      for (int j = 0; j < 8; ++j) ct_store8(dst + j * M, tlo[j], thi[j]);
+      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(dst + j * M) = make_uint2(tlo[j], thi[j]);
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
