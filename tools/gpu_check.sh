@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,abflush,abopts,bwdsmall,profile,bench,expbench,asv" bash tools/gpu_check.sh
+#   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,abflush,abopts,abweights,bwdsmall,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
 #   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments. The expbench stage benches
@@ -113,6 +113,9 @@ fi
 if has abopts; then  # compile-time experiments A/B in one process: AB_OPTIONS, AB_OPS (tools/ab_nvrtc_options.py)
   timeout $(left 240) python3 tools/ab_nvrtc_options.py "$OUT/ab_nvrtc_options.json" > "$OUT/ab_nvrtc_options.log" 2>&1; echo "abopts rc=$?" >> "$OUT/ab_nvrtc_options.log"
 fi
+if has abweights; then  # FP8-output norms with bf16 against fp32 weights (tools/ab_norm_fp8_weights.py)
+  timeout $(left 150) python3 tools/ab_norm_fp8_weights.py "$OUT/ab_norm_fp8_weights.json" > "$OUT/ab_norm_fp8_weights.log" 2>&1; echo "abweights rc=$?" >> "$OUT/ab_norm_fp8_weights.log"
+fi
 if has bwdsmall; then timeout $(left 200) python3 tools/sweep_norm_bwd_small.py "$OUT/sweep_norm_bwd_small.json" > "$OUT/sweep_norm_bwd_small.log" 2>&1; echo "bwdsmall rc=$?" >> "$OUT/sweep_norm_bwd_small.log"; fi
 if has actsweep; then timeout $(left 150) python3 tools/sweep_activations.py "$OUT/sweep_act.json" > "$OUT/sweep_act.log" 2>&1; echo "actsweep rc=$?" >> "$OUT/sweep_act.log"; fi
 if has bench; then
@@ -160,6 +163,7 @@ grep -E "rc=" "$L/asv.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/ab_flush.log" 2>/dev/null
 grep -E "SUMMARY|rc=|Error" "$L/ab_nvrtc_options.log" 2>/dev/null
+grep -E "SUMMARY|rc=|Error" "$L/ab_norm_fp8_weights.log" 2>/dev/null
 tail -n 2 "$L/gemm_cluster.log" 2>/dev/null
 grep -E "passed|failed|rc=|TFLOP" "$L/gemm.log" 2>/dev/null | tail -20
 # ncu: one line per kernel launch: name, duration, DRAM throughput, achieved occupancy, registers
