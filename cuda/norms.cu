@@ -166,66 +166,45 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 // load_beta supply the defaults (1, 0) and the + 1: their default values, null tests and adds cost
 // about 3 instructions per element in the SASS, which the common case no longer carries. (A uniform
 // branch per row instead of the flag made ptxas spill in the FP8 kernels under their register caps.)
-// gamma and beta of vector v (PLAIN_W: straight from their vector loads; see store_row).
-template <bool PLAIN_W, typename W, int VEC, bool RMS>
-__device__ __forceinline__ void row_weights(const W* __restrict__ w, const W* __restrict__ b, int v, int zero_centered,
-                                            float (&g)[VEC], float (&beta)[VEC]) {
-  if constexpr (PLAIN_W) {
-    const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) g[j] = vec_elem(tw, j);
-    if constexpr (RMS) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
-    } else {
-      const Vec<W, VEC> tb = load_vec<W, VEC>(b + (long long)v * VEC);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) beta[j] = vec_elem(tb, j);
-    }
-  } else {
-    load_gamma<W, VEC>(w, v, zero_centered, g);
-    load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
-  }
-}
-
-// y = (x - mean) * rstd * g + beta of one vector, stored at y by the OUT policy.
-template <typename T, typename OUT, int VEC>
-__device__ __forceinline__ void store_vec_out(const Vec<T, VEC>& raw, const float (&g)[VEC], const float (&beta)[VEC],
-                                              float mean, float rstd, typename OUT::Store* __restrict__ y,
-                                              typename OUT::State& st) {
-  using O = typename OUT::Store;
-  if constexpr (OUT::kFp8) {
-    float o[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw, j) - mean) * rstd * g[j] + beta[j];
-    OUT::template put<VEC>(y, o, st);
-  } else {
-    Vec<O, VEC> out;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw, j) - mean) * rstd * g[j] + beta[j]);
-    store_vec<O, VEC>(y, out);
-  }
-}
-
-// The output of one row held in registers: y = (x - mean) * rstd * g + beta, stored by the OUT policy.
-// PLAIN_W (a kernel template flag, chosen by the host): weights given (and a bias for LayerNorm), no
-// zero-centred gamma: g and beta come straight from their vector loads. Otherwise load_gamma /
-// load_beta supply the defaults (1, 0) and the + 1: their default values, null tests and adds cost
-// about 3 instructions per element in the SASS, which the common case no longer carries. (A uniform
-// branch per row instead of the flag made ptxas spill in the FP8 kernels under their register caps.)
 template <bool PLAIN_W, typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
 __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
                                           const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                           typename OUT::State& st, int nvec, float mean, float rstd,
                                           int zero_centered) {
+  using O = typename OUT::Store;
   constexpr int T_ROW = 32 * WARPS;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (v < nvec) {
       float g[VEC], beta[VEC];
-      row_weights<PLAIN_W, W, VEC, RMS>(w, b, v, zero_centered, g, beta);
-      store_vec_out<T, OUT, VEC>(raw[i], g, beta, mean, rstd, y + (long long)v * VEC, st);
+      if constexpr (PLAIN_W) {
+        const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) g[j] = vec_elem(tw, j);
+        if constexpr (RMS) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
+        } else {
+          const Vec<W, VEC> tb = load_vec<W, VEC>(b + (long long)v * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) beta[j] = vec_elem(tb, j);
+        }
+      } else {
+        load_gamma<W, VEC>(w, v, zero_centered, g);
+        load_beta<W, VEC>(RMS ? nullptr : b, v, beta);
+      }
+      if constexpr (OUT::kFp8) {
+        float o[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j];
+        OUT::template put<VEC>(y + (long long)v * VEC, o, st);
+      } else {
+        Vec<O, VEC> out;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j]);
+        store_vec<O, VEC>(y + (long long)v * VEC, out);
+      }
     }
   }
 }
@@ -299,83 +278,16 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
 // what the grid-stride loop keeps live: <= 16 B of row: 40, <= 32 B: 48 (RMS) / 56 (LayerNorm: gamma and
 // beta), <= 64 B: 64, each 8 more with fp32 weights; longer register rows keep the plain hint (1 block).
 // No instantiation spills under these caps (compile-all check; 8 fewer spilled up to 40 bytes).
-template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS, int ROWS = 1>
+template <typename T, typename W, int VEC, int ITEMS, int WARPS, bool RMS>
 struct Fp8FwdMinBlocks {
   static constexpr int threads = 32 * WARPS * RowsPerBlock<WARPS>::value;
   static constexpr int row_bytes = ITEMS * VEC * (int)sizeof(T);
   static constexpr int w_regs = sizeof(W) == 4 ? 8 : 0;  // fp32 gamma / beta: twice the load registers
-  // ROWS = 2 (two rows per thread): no cap (0), ptxas's own count (a cap for 5-6 blocks spilled)
-  static constexpr int regs = ROWS > 1 ? 0
-                            : row_bytes <= 16 ? 40 + w_regs : row_bytes <= 32 ? (RMS ? 48 : 56) + w_regs
+  static constexpr int regs = row_bytes <= 16 ? 40 + w_regs : row_bytes <= 32 ? (RMS ? 48 : 56) + w_regs
                             : row_bytes <= 64 ? 64 + w_regs : 0;
   static constexpr int fit = regs ? 65536 / (regs * threads) : 1;
   static constexpr int value = fit < 1 ? 1 : (fit > 2048 / threads ? 2048 / threads : fit);
 };
-
-// Two rows per thread (the FP8 forward's ROWS = 2): the statistics of both rows from one row sum of
-// two values each (row_sum2_alternating: one barrier for both), then each vector of gamma / beta loaded
-// and widened once for both rows' outputs, halving the weight loads per element (LayerNorm re-reads
-// gamma and beta for every row; fp32 weights, twice the load instructions, measured 7-15 % slower,
-// ab_norm_fp8_weights_2026-12-04T1917Z.json). All threads of the block call it (barriers).
-template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
-__device__ __forceinline__ void normalize_row_pair(const Vec<T, VEC> (&ra)[ITEMS], const Vec<T, VEC> (&rb)[ITEMS],
-                                                   const W* __restrict__ w, const W* __restrict__ b,
-                                                   typename OUT::Store* __restrict__ y, typename OUT::State& st,
-                                                   float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                                   long long row_a, long long row_b, bool ok_a, bool ok_b, int N,
-                                                   float eps, int zero_centered, int& parity) {
-  constexpr int T_ROW = 32 * WARPS;
-  const int nvec = N / VEC;
-  const float inv_n = 1.f / (float)N;
-  float mean_a = 0.f, mean_b = 0.f;
-  if constexpr (!RMS) {
-    float sa = 0.f, sb = 0.f;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        sa += vec_elem(ra[i], j);
-        sb += vec_elem(rb[i], j);
-      }
-    const float2 m = row_sum2_alternating<WARPS, false>(sa, sb, parity);
-    parity ^= 1;
-    mean_a = m.x * inv_n;
-    mean_b = m.y * inv_n;
-  }
-  float qa = 0.f, qb = 0.f;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (threadIdx.x + i * T_ROW < nvec) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float da = vec_elem(ra[i], j) - mean_a, db = vec_elem(rb[i], j) - mean_b;
-        qa += da * da;
-        qb += db * db;
-      }
-    }
-  }
-  const float2 q = row_sum2_alternating<WARPS, false>(qa, qb, parity);
-  parity ^= 1;
-  const float rstd_a = rsqrtf(q.x * inv_n + eps), rstd_b = rsqrtf(q.y * inv_n + eps);
-  if (threadIdx.x == 0) {
-    if (ok_a && mean_out != nullptr) mean_out[row_a] = mean_a;
-    if (ok_a && rstd_out != nullptr) rstd_out[row_a] = rstd_a;
-    if (ok_b && mean_out != nullptr) mean_out[row_b] = mean_b;
-    if (ok_b && rstd_out != nullptr) rstd_out[row_b] = rstd_b;
-  }
-  typename OUT::Store* ya = y + row_a * N;
-  typename OUT::Store* yb = y + row_b * N;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = threadIdx.x + i * T_ROW;
-    if (v < nvec && ok_a) {  // rows are filled in order: ok_b implies ok_a
-      float g[VEC], beta[VEC];
-      row_weights<PLAIN_W, W, VEC, RMS>(w, b, v, zero_centered, g, beta);
-      store_vec_out<T, OUT, VEC>(ra[i], g, beta, mean_a, rstd_a, ya + (long long)v * VEC, st);
-      if (ok_b) store_vec_out<T, OUT, VEC>(rb[i], g, beta, mean_b, rstd_b, yb + (long long)v * VEC, st);
-    }
-  }
-}
 
 // The same with FP8 output (F = E4M3 / E5M2): y bytes = sat(y * *scale_in); amax of the fp32 y merged
 // into *amax_out; scale_inv written by block 0. Launched with at least one block (M = 0 included).
@@ -385,9 +297,9 @@ __device__ __forceinline__ void normalize_row_pair(const Vec<T, VEC> (&ra)[ITEMS
 // (grid = the groups, as norm_fwd; 48 registers) and the amax merged per warp, without a barrier
 // (warp_amax_merge). cuda_norms.FWD_FP8_WAVES picks (None: one group per block).
 template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          bool PERSISTENT = true, int ROWS = 1>
+          bool PERSISTENT = true>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
-                                  (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS, ROWS>::value))
+                                  (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
              const W* __restrict__ b, unsigned char* __restrict__ y, T* __restrict__ sum_out,
              float* __restrict__ mean_out, float* __restrict__ rstd_out, const float* __restrict__ scale_in,
@@ -411,19 +323,8 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   // A grid smaller than the groups merges the amax once per block instead of once per row group (the
   // barrier, the L2 read and the atomic at the end of every block cost a block's slot about a
   // microsecond each time).
-  static_assert(ROWS == 1 || (ROWS == 2 && PERSISTENT), "ROWS = 2: the grid-stride kernel only");
-  const int groups = (int)((M + RPB * ROWS - 1) / (RPB * ROWS));  // < 2^31 (checked by the launcher)
+  const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
   for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-    if constexpr (ROWS == 2) {  // rows g * 2 RPB + y and + RPB: two rows per thread, weights loaded once
-      const long long row_a = (long long)g * 2 * RPB + threadIdx.y, row_b = row_a + RPB;
-      Vec<T, VEC> ra[ITEMS], rb[ITEMS];
-      load_row<T, VEC, ITEMS, 32 * WARPS, false>(ra, x, residual, sum_out, row_a, row_a < M, N);
-      load_row<T, VEC, ITEMS, 32 * WARPS, false>(rb, x, residual, sum_out, row_b, row_b < M, N);
-      normalize_row_pair<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(ra, rb, w, b, y, st, mean_out, rstd_out,
-                                                                          row_a, row_b, row_a < M, row_b < M, N,
-                                                                          eps, zero_centered, parity);
-      continue;
-    }
 #if FK_FP8_FWD_PREFETCH
     // Experiment (off by default; A/B: expbench with EXP_OPTIONS=-DFK_FP8_FWD_PREFETCH=1): the block's
     // next row group fetched into L2 while this one is loaded, reduced and written, so its loads wait

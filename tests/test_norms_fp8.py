@@ -199,40 +199,6 @@ def test_fp8_options(backend, option, rms, fmt, shape):
     _check_all(backend, t, x, w, b, rms, fmt, scale, eps=eps, zero_centered=zc, residual=residual)
 
 
-@pytest.mark.parametrize("backend", backend_params(GPU))
-@pytest.mark.parametrize("option", ["no_weight", "weight_only", "fp32_weights", "zero_centered", "residual"])
-@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
-def test_fp8_two_rows_options(backend, option, rms, monkeypatch):
-    """Two rows per thread (FWD_FP8_ROWS = 2) with the options that change its weight loads and row
-    loads: the same bytes, scale_inv and amax as the CPU reference; an odd row count."""
-    from fusedkit.backends import cuda_norms
-    monkeypatch.setattr(cuda_norms, "FWD_FP8_ROWS", 2)
-    dtype = "bfloat16" if backend != "cupy" else "float16"
-    skip_unsupported(backend, dtype)
-    shape = (9, 4096)
-    w_dtype = "float32" if option in ("fp32_weights", "zero_centered") else dtype
-    rng, x, w, b = _make(("fp8tworows", backend, option, rms), shape, dtype, w_dtype)
-    scale = _scale(rng, "e4m3")
-    kw = dict(fp8_fmt="e4m3", fp8_scale=float(scale), eps=1e-5)
-    residual, zc = None, False
-    if option == "no_weight":
-        w = b = None
-    elif option == "weight_only":
-        b = None
-    elif option == "zero_centered":
-        w = rand(rng, (shape[-1],), w_dtype, scale=0.2)
-        zc = kw["zero_centered_gamma"] = True
-    elif option == "residual":
-        residual = kw["residual"] = rand(rng, shape, dtype)
-    out = _call(backend, x, w, b, rms, **kw)
-    if residual is not None:
-        t, h = out
-        np.testing.assert_array_equal(to_numpy(h), (x.astype(np.float32) + residual.astype(np.float32)).astype(x.dtype))
-    else:
-        t = out
-    _check_all(backend, t, x, w, b, rms, "e4m3", scale, eps=1e-5, zero_centered=zc, residual=residual)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fmt", FMTS)
 def test_fp8_nan_row(backend, fmt):
@@ -274,23 +240,17 @@ def test_fp8_misaligned_views_and_device_scale(backend):
 
 
 @pytest.mark.parametrize("backend", backend_params(GPU))
-@pytest.mark.parametrize("grid", [1, 3, 7, "one_group", "two_rows", "two_rows_3"])
+@pytest.mark.parametrize("grid", [1, 3, 7, "one_group"])
 @pytest.mark.parametrize("N", [7, 781, 1024, 4096])
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_fp8_grid_stride(backend, grid, N, rms, monkeypatch):
     """The register forward walks row groups grid-stride: a grid much smaller than the groups (several
     groups per block, the amax merged once per block, rows of the last group missing) gives the same
     bytes, scale_inv and amax as the CPU reference, and the statistics of every row. "one_group": the
-    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp).
-    "two_rows" / "two_rows_3": two rows per thread (FWD_FP8_ROWS = 2; the last pair's second row
-    missing), on the default grid and on 3 blocks."""
+    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp)."""
     from fusedkit.backends import cuda_norms
     if grid == "one_group":
         monkeypatch.setattr(cuda_norms, "FWD_FP8_WAVES", None)
-    elif str(grid).startswith("two_rows"):
-        monkeypatch.setattr(cuda_norms, "FWD_FP8_ROWS", 2)
-        if grid == "two_rows_3":
-            monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", 3)
     else:
         monkeypatch.setattr(cuda_norms, "FWD_FP8_MAX_GRID", grid)
     skip_unsupported(backend, "bfloat16")

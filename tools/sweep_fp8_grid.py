@@ -1,14 +1,14 @@
-"""Sweep the variants of the norm forward with FP8 output on the GPU (bytes 3MN: read x, write FP8):
-VARIANTS of (cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_ROWS): the grid-stride kernel on 4 waves of
-resident blocks (shipped), the non-persistent kernel (None: one row group per block, the amax merged per
-warp), and two rows per thread (ROWS = 2: one barrier per sum for both rows, gamma / beta loaded once for
-both) on 4 and 2 waves; two interleaved rounds (drift shows up as disagreement), bf16, the benchmark's
-FP8 shapes. History (H200, 2026-12-04): None within 1-2 % of 1 / 2 / 4 waves (sweep_fp8_grid_...1630Z,
-RMSNorm a little ahead with None); a row widened to fp32 once in registers and fp32 weights lost
-(...1645Z); gamma / beta in shared memory as fp32 lost 6-25 % (...1850Z). (The grid-stride walk on
-fp8_ct_tile's cast-transpose lost too: 0.67-0.82 of copy against 0.85-0.87, ...2026-12-03T0949Z.)
-Prints every variant's time, GB/s and fraction of a copy timed in the same run, and the best per (op,
-shape); writes JSON to argv[1].
+"""Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
+forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (the
+non-persistent kernel: one row group per block, the amax merged per warp) against the grid-stride kernel
+on 1, 2 and 4 waves of resident blocks, two
+interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 shapes. H200, 2026-12-04
+(sweep_fp8_grid_2026-12-04T1630Z.json): None against 1 / 2 / 4 waves within 1-2 % at most shapes (RMSNorm a
+little ahead with None, LayerNorm not); the same day a row widened to fp32 once in registers (24-48
+fewer instructions, 9-13 more registers) and fp32 weights both lost (sweep_fp8_grid_2026-12-04T1645Z). (The same knob on
+fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
+tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,
+and the best per (op, shape); writes JSON to argv[1].
 
 SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
 thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
@@ -25,8 +25,7 @@ import fusedkit as fk
 from fusedkit.backends import cuda_norms
 from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, precompile, sweep_configs
 
-# (FWD_FP8_WAVES, FWD_FP8_ROWS): the shipped 4 waves, the non-persistent kernel, two rows per thread
-VARIANTS = ((4, 1), (None, 1), (4, 2), (2, 2))
+WAVES = (None, 1, 2, 4)
 
 
 def cases(M, N):
@@ -86,21 +85,20 @@ def main(out_path):
     results = []
     for M, N in FP8_SHAPES:
         for op, mod, knob, nbytes, run in cases(M, N):
-            default = cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_ROWS
+            default = getattr(mod, knob)
             rows = []
             for rnd in range(2):
-                for waves, nrows in VARIANTS:
-                    cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_ROWS = waves, nrows
+                for waves in WAVES:
+                    setattr(mod, knob, waves)
                     ms = timer.ms(run)
                     gbps = nbytes / ms / 1e6
-                    name = f"waves={waves} rows={nrows}"
-                    rows.append(dict(op=op, shape=[M, N], variant=name, waves=waves, rows=nrows, round=rnd, ms=ms,
-                                     GBps=gbps, of_copy=gbps / copy))
-                    print(f"{op:20s} {M}x{N} {name:16s} round {rnd}: {ms * 1e3:8.1f} us "
+                    rows.append(dict(op=op, shape=[M, N], knob=knob, waves=waves, round=rnd, ms=ms, GBps=gbps,
+                                     of_copy=gbps / copy))
+                    print(f"{op:20s} {M}x{N} {knob}={str(waves):4s} round {rnd}: {ms * 1e3:8.1f} us "
                           f"{gbps:6.0f} GB/s {gbps / copy:.3f} of copy", flush=True)
-            cuda_norms.FWD_FP8_WAVES, cuda_norms.FWD_FP8_ROWS = default
+            setattr(mod, knob, default)
             best = min(rows, key=lambda r: r["ms"])
-            print(f"BEST {op} {M}x{N}: {best['variant']} {best['of_copy']:.3f} of copy")
+            print(f"BEST {op} {M}x{N}: {knob}={best['waves']} {best['of_copy']:.3f} of copy")
             results += rows
     with open(out_path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, rows=results), f, indent=1)

@@ -211,17 +211,14 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, rows=1) -> str:
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
-    grid-stride register kernel (else one row group per block, see norm_fwd_fp8); ``rows``: rows per
-    thread of the grid-stride kernel (2: ROWS there)."""
+    grid-stride register kernel (else one row group per block, see norm_fwd_fp8)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        assert rows == 1 or persistent, "two rows per thread: the grid-stride kernel only"
-        tail = ", true, 2" if rows == 2 else ("" if persistent else ", false")
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}{tail}>")
+                f"{_b(plain_w)}{'' if persistent else ', false'}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -336,14 +333,13 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
 _fwd_fp8_plans: dict = {}
 
 
-def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, rows=1):
+def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    rows = rows if (persistent and cfg[0] == "rows") else 1
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent, rows=rows)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
         warps = cfg[3]
-        rpb, block = rows_per_block(warps) * rows, (32 * warps, rows_per_block(warps))
+        rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
         fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], 0)
         grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))" if persistent else f"max(1, rows/{rpb})"
     else:  # norm_fwd_looped_fp8: one block per row
@@ -364,10 +360,6 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
 # groups per block).
 FWD_FP8_WAVES = 4
 FWD_FP8_MAX_GRID = None
-# FWD_FP8_ROWS = 2 (experiment, 2026-12-04): the grid-stride kernel holds two rows per thread, the
-# statistics of both from one barrier per sum and gamma / beta loaded once for both (ROWS in
-# norm_fwd_fp8); 1: one row per thread. A/B: tools/sweep_fp8_grid.py.
-FWD_FP8_ROWS = 1
 
 
 def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
@@ -379,11 +371,11 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
     plain_w = plain_weights(w, b, rms, zero_centered)
     persistent = FWD_FP8_WAVES is not None or FWD_FP8_MAX_GRID is not None
-    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent, FWD_FP8_ROWS)
+    key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
         plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w,
-                                                   persistent, FWD_FP8_ROWS)
+                                                   persistent)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
     if fit is not None:  # the register kernel
@@ -567,9 +559,6 @@ def all_expressions():
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False))
-                            if f8[0] == "rows":  # FWD_FP8_ROWS = 2 (sweep, tests)
-                                exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
-                                                             rows=2))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
                         pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
