@@ -5,7 +5,8 @@ on 1, 2 and 4 waves of resident blocks, two
 interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 shapes. H200, 2026-12-04
 (sweep_fp8_grid_2026-12-04T1630Z.json): None against 1 / 2 / 4 waves within 1-2 % at most shapes (RMSNorm a
 little ahead with None, LayerNorm not); the same day a row widened to fp32 once in registers (24-48
-fewer instructions, 9-13 more registers) and fp32 weights both lost (sweep_fp8_grid_2026-12-04T1645Z). (The same knob on
+fewer instructions, 9-13 more registers) and fp32 weights both lost (sweep_fp8_grid_2026-12-04T1645Z); gamma / beta in shared
+memory as fp32 lost 6-25 % (...1850Z); two rows per thread (weights loaded once for both) lost or tied (...1923Z). (The same knob on
 fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
 tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,
 and the best per (op, shape); writes JSON to argv[1].
