@@ -68,12 +68,6 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 0  // experiment: L2 prefetch of the next row group in norm_fwd_fp8 (see there)
 #endif
-// Experiment (off): the forward's row loads (load_row with STREAM = false: the register forwards) as
-// ld.global.nc.L1::no_allocate, so the rows streaming through do not evict gamma / beta from L1 (Nsight
-// Compute, LayerNorm -> FP8 at 32768 x 4096: L1 hit rate 57 %, L2 throughput 83 % against DRAM 75 %).
-#ifndef FK_ROW_L1_NOALLOC
-#define FK_ROW_L1_NOALLOC 0
-#endif
 
 namespace fk {
 
@@ -149,15 +143,8 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && v < nvec) {
-      if constexpr (FK_ROW_L1_NOALLOC && !STREAM && sizeof(Vec<T, VEC>) == 16) {
-        uint4 u;
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(x + base + (long long)v * VEC));
-        raw[i] = *reinterpret_cast<Vec<T, VEC>*>(&u);
-      } else {
-        raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-                        : load_vec<T, VEC>(x + base + (long long)v * VEC);
-      }
+      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
         const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
                                      : load_vec<T, VEC>(residual + base + (long long)v * VEC);
