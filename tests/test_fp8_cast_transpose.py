@@ -51,7 +51,7 @@ def test_cast_transpose_delayed_matches_reference(backend, dtype, fmt, shape):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_2_scales=True)],
                          ids=["plain", "pow2"])
-@pytest.mark.parametrize("shape", [(257, 96), (130, 72), (64, 1000)], ids=str)
+@pytest.mark.parametrize("shape", [(257, 96), (130, 72), (64, 1000), (384, 256)], ids=str)
 def test_cast_transpose_current_matches_reference(backend, dtype, recipe, shape):
     skip_unsupported(backend, dtype)
     rng = rng_for("ctc", backend, dtype, repr(recipe), shape)

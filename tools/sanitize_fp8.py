@@ -43,7 +43,7 @@ for dtype in ("float32", "float16"):
 # fp8_ct_tile: cast_transpose (fast path), cast_transpose_dbias (16-byte and scalar loads, several blocks
 # per column strip), dact_cast_transpose (fused, and the fp32-g fallback), delayed and current scaling
 for dtype in ("float32", "float16"):
-    for shape in ((136, 264), (130, 72), (257, 96), (1100, 100), (33, 13), (0, 16)):
+    for shape in ((136, 264), (384, 256), (130, 72), (257, 96), (1100, 100), (33, 13), (0, 16)):
         x = (rng.standard_normal(shape) * 50).astype(dtype)
         X = cupy.asarray(x)
         d = ref.quantize_delayed(x, 0.5, "e4m3")[0]
