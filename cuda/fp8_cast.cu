@@ -52,11 +52,12 @@
 //   sub-tile at rows 8 rg, columns 8 cg of the warp's. Per sub-tile: 8 row loads of 16 B (fp32: 2 x 16
 //   B) issued before any use (128 B in flight per thread; 1024 threads per SM: 128 KB per SM), the cast
 //   (pairs through cvt.rn.satfinite, common/fp8.cuh), 8 row-wise 8-byte stores, an in-register 8 x 8
-//   byte transpose (four 4 x 4 transposes of 8 byte-permutes each), 8 transposed 8-byte stores.
+//   byte transpose (four 4 x 4 transposes of 8 byte-permutes each), 8 transposed 8-byte chunks.
 //   Coalescing: a row-load instruction of a warp reads 4 rows x 128 contiguous bytes; a row-wise store
-//   writes 4 rows x 64 B; a transposed store writes 8 out_t rows x 32 contiguous bytes (the 4 lanes of
-//   a column group: one full sector each), and the 4 row-warps of a block complete each out_t row's
-//   128-byte line of the tile. Why 128 x 128 and not 64 x 256: both output streams then leave the block
+//   writes 4 rows x 64 B; the transposed chunks of a full tile go through shared memory and leave as one
+//   128-byte line per out_t row (FK_CT_SMEM_T below); at the edges a transposed store writes 8 out_t
+//   rows x 32 contiguous bytes (the 4 lanes of a column group), and the 4 row-warps of a block complete
+//   each out_t row's 128-byte line of the tile. Why 128 x 128 and not 64 x 256: both output streams then leave the block
 //   as whole 128-byte lines (row-wise 128 B per row, transposed 128 B per out_t row) and the reads are
 //   256 B per row.
 //   Edges: M arbitrary (rows past M are masked; out_t stores narrow to 4 bytes or bytes when M % 8 != 0
@@ -563,14 +564,18 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
   if (t == 0) count[blockIdx.x] = 0u;
 }
 
-// Experiment (FK_CT_SMEM_T = 1, off): the plain cast's transposed bytes of a full tile go through shared
-// memory, so that each out_t row of the tile leaves as one 128-byte line (16 lanes x 8 bytes) instead of
-// four 32-byte pieces from four warps (Nsight Compute, 32768 x 4096: L2 throughput 87 % against DRAM
-// 77 %, 0.27 instructions issued per scheduler and cycle). The sub-tiles' 8-byte column chunks are
-// stored at chunk (row / 8) ^ ((column >> 1) & 15) of their tile column: 16 distinct chunks among a
-// warp's 32 lanes on the way in, a row's 16 chunks on 16 distinct bank pairs on the way out.
+// Transposed bytes through shared memory (FK_CT_SMEM_T, default 1; 0 = each sub-tile's 8-byte column
+// chunks stored straight to out_t, A/B: tools/ab_nvrtc_options.py): a full tile's chunks are parked in
+// 16 KB of shared memory and each out_t row of the tile then leaves as one 128-byte line (16 lanes x 8
+// bytes) instead of four 32-byte pieces from four warps. Nsight Compute had the direct stores at L2
+// throughput 87 % against DRAM 77 % (32768 x 4096); with the shared tile the plain cast-transpose read
+// 0.886 / 0.884 / 0.896 of copy against 0.864 / 0.860 / 0.874 (ab_ct_smem_t_2026-12-04T1945Z.json). A
+// chunk (row / 8, column c) sits at chunk (row / 8) ^ ((c >> 1) & 15) of tile column c: 16 distinct
+// chunks among a warp's 32 lanes on the way in, a row's 16 chunks on distinct bank pairs on the way out.
+// Tiles at the tensor's edges (or out_t rows not 8-byte aligned) keep the direct stores, and so do the
+// SUMS instantiations (dbias, dact): with the shared tile ptxas spilled 4-32 bytes in six of them.
 #ifndef FK_CT_SMEM_T
-#define FK_CT_SMEM_T 0
+#define FK_CT_SMEM_T 1
 #endif
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
@@ -634,7 +639,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     transpose_4x4_bytes(lo[4], lo[5], lo[6], lo[7], thi[0], thi[1], thi[2], thi[3]);
     transpose_4x4_bytes(hi[0], hi[1], hi[2], hi[3], tlo[4], tlo[5], tlo[6], tlo[7]);
     transpose_4x4_bytes(hi[4], hi[5], hi[6], hi[7], thi[4], thi[5], thi[6], thi[7]);
-    if constexpr (FK_CT_SMEM_T && ACT < 0 && !SUMS && VEC == 8) {
+    if constexpr (FK_CT_SMEM_T && !SUMS && VEC == 8) {  // the plain cast (with SUMS, ptxas spilled under the caps)
       __shared__ uint2 tsm[kFtTile][kFtTile / 8];  // [tile column][swizzled row chunk]: 16 KB
       const long long tr0 = by * kFtTile;
       const int tc0 = blockIdx.x * kFtTile;
