@@ -57,9 +57,9 @@
 //   writes 4 rows x 64 B; the transposed chunks of a full tile go through shared memory and leave as one
 //   128-byte line per out_t row (FK_CT_SMEM_T below); at the edges a transposed store writes 8 out_t
 //   rows x 32 contiguous bytes (the 4 lanes of a column group), and the 4 row-warps of a block complete
-//   each out_t row's 128-byte line of the tile. Why 128 x 128 and not 64 x 256: both output streams then leave the block
-//   as whole 128-byte lines (row-wise 128 B per row, transposed 128 B per out_t row) and the reads are
-//   256 B per row.
+//   each out_t row's 128-byte line of the tile. Why 128 x 128 and not 64 x 256: both output streams
+//   then leave the block as whole 128-byte lines (row-wise 128 B per row, transposed 128 B per out_t
+//   row) and the reads are 256 B per row.
 //   Edges: M arbitrary (rows past M are masked; out_t stores narrow to 4 bytes or bytes when M % 8 != 0
 //   and at the last row group); VEC = 8 needs N % 8 == 0 and 16-byte aligned inputs, VEC = 1 loads
 //   scalars (any N, any alignment) and serves cast_transpose_dbias; the plain cast keeps the 64 x 64

@@ -4,8 +4,8 @@ Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the 
 always included); between variants the in-memory kernel and launcher caches are dropped, so the next
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
-the benchmark's three shapes, the delayed quantize, the FP8-output LayerNorm / RMSNorm and the plain LayerNorm forward at
-32768 x 4096
+the benchmark's three shapes, the delayed quantize, the FP8-output LayerNorm / RMSNorm and the plain
+LayerNorm forward at 32768 x 4096
 (each a control for the others' defines), bf16 inputs as the benchmark's,
 AB_ROUNDS (3) interleaved rounds, each op as a fraction of a copy timed in the same round; checks that every
 variant's output bytes equal the shipped build's. Writes JSON to argv[1].
@@ -43,8 +43,10 @@ def cases():
                         lambda x=x: fk.quantize(x, fmt="e4m3", scale=scale)))
     M, N = FP8_SHAPES[0]
     xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
-    out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N, lambda: fk.layer_norm(xn, w, b, fp8_fmt="e4m3", fp8_scale=s8)))
-    out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N, lambda: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
+    out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
+                lambda: fk.layer_norm(xn, w, b, fp8_fmt="e4m3", fp8_scale=s8)))
+    out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N,
+                lambda: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
     out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda: fk.layer_norm(xn, w, b)))
     only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
     return [c for c in out if not only or any(s in c[0] for s in only)]

@@ -44,15 +44,15 @@ def case_norm_fwd():
 
 def case_norm_fwd_fp8():
     import torch
-    x, w = bf16((32768, 4096), -2.3, 0.5), bf16((4096,), 1.0, 0.3, 1)
-    s = torch.full((1,), 448.0 / 6.0, device="cuda")
-    return lambda: fk.layer_norm(x, w, w, fp8_fmt="e4m3", fp8_scale=s)
+    from fusedkit.bench import norm_fp8_inputs  # the benchmark's inputs
+    x, w, b, s = norm_fp8_inputs(torch, 32768, 4096, torch.bfloat16)
+    return lambda: fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=s)
 
 
 def case_rms_fwd_fp8():
     import torch
-    x, w = bf16((32768, 4096), -2.3, 0.5), bf16((4096,), 1.0, 0.3, 1)
-    s = torch.full((1,), 448.0 / 6.0, device="cuda")
+    from fusedkit.bench import norm_fp8_inputs
+    x, w, _, s = norm_fp8_inputs(torch, 32768, 4096, torch.bfloat16)
     return lambda: fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=s)
 
 
@@ -122,17 +122,19 @@ def case_ce():
     return lambda: fk.cross_entropy(x, t, return_grad=True)
 
 
-def case_ct():
+def _fp8_cast_input():
+    """The benchmark's FP8 cast input at 32768 x 4096 (x * 100, delayed scale 0.37)."""
     import torch
-    x = bf16((32768, 4096), 0.0, 100.0)
-    s = torch.full((1,), 0.37, device="cuda")
+    return bf16((32768, 4096), 0.0, 100.0), torch.full((1,), 0.37, device="cuda")
+
+
+def case_ct():
+    x, s = _fp8_cast_input()
     return lambda: fk.cast_transpose(x, fmt="e4m3", scale=s)
 
 
 def case_quantize():
-    import torch
-    x = bf16((32768, 4096), 0.0, 100.0)
-    s = torch.full((1,), 0.37, device="cuda")
+    x, s = _fp8_cast_input()
     return lambda: fk.quantize(x, fmt="e4m3", scale=s)
 
 

@@ -1,15 +1,16 @@
 """Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
 forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (the
 non-persistent kernel: one row group per block, the amax merged per warp) against the grid-stride kernel
-on 1, 2 and 4 waves of resident blocks, two
-interleaved rounds (drift shows up as disagreement), bf16, the benchmark's FP8 shapes. H200, 2026-12-04
-(sweep_fp8_grid_2026-12-04T1630Z.json): None against 1 / 2 / 4 waves within 1-2 % at most shapes (RMSNorm a
-little ahead with None, LayerNorm not); the same day a row widened to fp32 once in registers (24-48
-fewer instructions, 9-13 more registers) and fp32 weights both lost (sweep_fp8_grid_2026-12-04T1645Z); gamma / beta in shared
-memory as fp32 lost 6-25 % (...1850Z); two rows per thread (weights loaded once for both) lost or tied (...1923Z). (The same knob on
-fp8_ct_tile's cast-transpose was measured and dropped: 0.67-0.82 of copy against 0.85-0.87 with one
-tile per block, sweep_fp8_grid_2026-12-03T0949Z.json.) Prints every variant's time, GB/s and fraction of a copy timed in the same run,
-and the best per (op, shape); writes JSON to argv[1].
+on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift shows up as disagreement), bf16,
+the benchmark's FP8 shapes. Prints every variant's time, GB/s and fraction of a copy timed in the same
+run, and the best per (op, shape); writes JSON to argv[1].
+
+History (H200, 2026-12-04, sweep_fp8_grid_2026-12-04T*.json): None within 1-2 % of 1 / 2 / 4 waves
+(1630Z; RMSNorm a little ahead with None, LayerNorm not); a row widened to fp32 once in registers (24-48
+fewer instructions, 9-13 more registers) and fp32 weights both lost (1645Z); gamma / beta in shared
+memory as fp32 lost 6-25 % (1850Z); two rows per thread (weights loaded once for both) lost or tied
+(1923Z). The grid-stride walk on fp8_ct_tile's cast-transpose was dropped too: 0.67-0.82 of copy against
+0.85-0.87 with one tile per block (sweep_fp8_grid_2026-12-03T0949Z.json).
 
 SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
 thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
