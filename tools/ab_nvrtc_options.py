@@ -4,13 +4,14 @@ Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the 
 always included); between variants the in-memory kernel and launcher caches are dropped, so the next
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
-the benchmark's three shapes, the delayed quantize, the FP8-output LayerNorm / RMSNorm and the plain
-LayerNorm forward at 32768 x 4096
-(each a control for the others' defines), bf16 inputs as the benchmark's,
+the benchmark's three shapes, the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
+at the three shapes and the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 (each a control
+for the others' defines), bf16 inputs as the benchmark's,
 AB_ROUNDS (3) interleaved rounds, each op as a fraction of a copy timed in the same round; checks that every
 variant's output bytes equal the shipped build's. Writes JSON to argv[1].
 
     AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=1" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
+    AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
 
 Run 2026-12-04 (ab_ct_order_store_2026-12-04T1913Z.json): two cast-transpose experiments (blocks down the
 rows first; evict-first stores) lost 2-6 % in every round and were removed. The first rounds of a freshly
@@ -41,13 +42,15 @@ def cases():
         if (M, N) == FP8_SHAPES[0]:
             out.append((f"fp8_quantize_delayed {M}x{N}", 3 * M * N,
                         lambda x=x: fk.quantize(x, fmt="e4m3", scale=scale)))
-    M, N = FP8_SHAPES[0]
-    xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
-    out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
-                lambda: fk.layer_norm(xn, w, b, fp8_fmt="e4m3", fp8_scale=s8)))
-    out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N,
-                lambda: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
-    out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda: fk.layer_norm(xn, w, b)))
+    for M, N in FP8_SHAPES:
+        xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
+        out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
+                    lambda xn=xn, w=w, b=b, s8=s8: fk.layer_norm(xn, w, b, fp8_fmt="e4m3", fp8_scale=s8)))
+        out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N,
+                    lambda xn=xn, w=w, s8=s8: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
+    for M, N in (FP8_SHAPES[0], (131072, 1024)):  # the plain forward (131072 x 1024: issue 2's closest shape)
+        xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
+        out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w, b=b: fk.layer_norm(xn, w, b)))
     only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
     return [c for c in out if not only or any(s in c[0] for s in only)]
 
@@ -71,39 +74,64 @@ def output_bytes(res):
     return got
 
 
+def parse_variants():
+    """AB_OPTIONS entries: "defines" or "defines @ op1,op2" (that variant times only the ops whose names
+    contain one of op1, op2: for a define that is only valid at some shapes)."""
+    out = [("", None)]
+    for v in os.environ.get("AB_OPTIONS", "").split(";"):
+        opts, _, ops = v.partition("@")
+        if opts.strip():
+            out.append((opts.strip(), [s.strip() for s in ops.split(",") if s.strip()] or None))
+    return out
+
+
+def runs(cs, only):
+    return [c for c in cs if only is None or any(s in c[0] for s in only)]
+
+
 def main(out_path):
-    variants = [""] + [v.strip() for v in os.environ.get("AB_OPTIONS", "").split(";") if v.strip()]
+    variants = parse_variants()
+    # AB_NUMERICS=1: a variant may round differently (e.g. another order of operations); the share of
+    # differing FP8 bytes is recorded instead of failing
+    may_differ = os.environ.get("AB_NUMERICS") == "1"
     timer = GpuTimer(torch)
     cs = cases()
-    ref = {}
-    for v in variants:  # compile, then check every variant's bytes against the shipped build's
+    ref, differ = {}, []
+    for v, only in variants:  # compile, then check every variant's bytes against the shipped build's
         select(v)
-        for name, _, fn in cs:
+        for name, _, fn in runs(cs, only):
             got = output_bytes(fn())
             if not v:
                 ref[name] = got
-            else:
-                same = len(got) == len(ref[name]) and all(torch.equal(a, b) for a, b in zip(got, ref[name]))
-                assert same, f"{v!r}: {name} output differs from the shipped build's"
+                continue
+            n_diff = sum(int((a != b).sum()) for a, b in zip(got, ref[name]))
+            n_all = sum(a.numel() for a in got)
+            if n_diff:
+                differ.append(dict(options=v, op=name, bytes_differ=n_diff, bytes=n_all))
+                print(f"{v!r}: {name}: {n_diff} of {n_all} FP8 bytes differ from the shipped build's", flush=True)
+            assert may_differ or not n_diff, f"{v!r}: {name} output differs from the shipped build's"
     torch.cuda.synchronize()
     rows = []
     for rnd in range(ROUNDS):
         select("")
         copy = copy_gbps(torch, timer)
-        for v in variants:
+        for v, only in variants:
             select(v)
-            for name, nbytes, fn in cs:
+            for name, nbytes, fn in runs(cs, only):
                 ms = timer.ms(fn)
                 rows.append(dict(op=name, options=v or "(shipped)", round=rnd, ms=ms, copy_GBps=copy,
                                  of_copy=nbytes / ms / 1e6 / copy))
                 print(f"{name:34s} {v or '(shipped)':24s} round {rnd}: {ms * 1e3:7.1f} us "
                       f"{rows[-1]['of_copy']:.3f} of copy", flush=True)
     for name, _, _ in cs:
-        for v in variants:
+        for v, only in variants:
             got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == (v or "(shipped)"))
+            if not got:
+                continue
             print(f"SUMMARY {name:34s} {v or '(shipped)':24s} median {got[len(got) // 2]:.3f} best {got[-1]:.3f}")
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), variants=variants, rows=rows), f, indent=1)
+        json.dump(dict(device=torch.cuda.get_device_name(), variants=[v for v, _ in variants], rows=rows,
+                       bytes_differ=differ), f, indent=1)
 
 
 if __name__ == "__main__":
