@@ -577,12 +577,6 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
-// Experiment (off by default): with the shared tile, warp w covers rows 16 w .. +16 and all 128 columns
-// (lane = 16 rg + cg), so a row-wise store writes 2 rows x 128 B (whole lines) instead of 4 rows x 64 B
-// and a row load reads 2 rows x 256 B. Swizzle: chunk (row / 8) ^ (c >> 3) (16 distinct per half-warp).
-#ifndef FK_CT_WIDE_ROWS
-#define FK_CT_WIDE_ROWS 0
-#endif
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4) : 2)
@@ -597,11 +591,9 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     scale_inv_out[0] = __fdiv_rn(1.f, scale);
     if (current && scale_out != nullptr) scale_out[0] = scale;
   }
-  constexpr bool WIDE = FK_CT_WIDE_ROWS && FK_CT_SMEM_T && !SUMS && VEC == 8;  // (the dbias reduction
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;                 //  assumes the 4 x 2 warps)
-  // The thread's 8 x 8 sub-tile in the block tile.
-  const int trow = WIDE ? warp * 16 + (lane >> 4) * 8 : (warp & 3) * 32 + (lane >> 3) * 8;
-  const int tcol = WIDE ? (lane & 15) * 8 : (warp >> 2) * 64 + (lane & 7) * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int trow = (warp & 3) * 32 + (lane >> 3) * 8;  // the thread's 8 x 8 sub-tile in the block tile
+  const int tcol = (warp >> 2) * 64 + (lane & 7) * 8;
   const int c0 = blockIdx.x * kFtTile + tcol;
   const int ncols = min(8, N - c0);  // <= 0: no columns here (the thread still joins the reductions)
   const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
@@ -655,15 +647,14 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int c = tcol + j;
-          tsm[c][(trow >> 3) ^ (WIDE ? (c >> 3) : ((c >> 1) & 15))] = make_uint2(tlo[j], thi[j]);
+          tsm[c][(trow >> 3) ^ ((c >> 1) & 15)] = make_uint2(tlo[j], thi[j]);
         }
         __syncthreads();
         const int k = lane & 15;  // the row chunk this lane writes; lanes 0-15 and 16-31 take two rows
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
           const int c = warp * 16 + q * 2 + (lane >> 4);
-          *reinterpret_cast<uint2*>(out_t + (long long)(tc0 + c) * M + tr0 + k * 8) =
-              tsm[c][k ^ (WIDE ? (c >> 3) : ((c >> 1) & 15))];
+          *reinterpret_cast<uint2*>(out_t + (long long)(tc0 + c) * M + tr0 + k * 8) = tsm[c][k ^ ((c >> 1) & 15)];
         }
         if (by + gridDim.y < m_tiles) __syncthreads();  // tsm is refilled by the next tile
         continue;
