@@ -65,8 +65,22 @@
 #include "common/fp8.cuh"
 #include "common/cluster.cuh"
 
+#ifndef FK_EXACT_T
+// Experiment for an A/B only (off by default; wrong results unless N == ITEMS * 32 * WARPS * VEC): the
+// row code's per-vector bounds tests (v < nvec) dropped, to measure what they cost the forward.
+#define FK_EXACT_T 0
+#endif
+#ifndef FK_NORM_XHAT_FMA
+#define FK_NORM_XHAT_FMA 0  // experiment: the forward's x_hat = x * rstd + (-mean * rstd), one FFMA (see norm_xhat)
+#endif
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 0  // experiment: L2 prefetch of the next row group in norm_fwd_fp8 (see there)
+#endif
+// Experiment (off): the register forwards' row loads as ld.global.nc.L1::no_allocate, so the rows
+// streaming through do not evict gamma / beta from L1 (ncu 1925Z, LayerNorm -> FP8: L1 hit rate 57 %).
+// Its first A/B (1935Z) ran the shipped kernels for both sides (a plan cache kept them): measured again.
+#ifndef FK_ROW_L1_NOALLOC
+#define FK_ROW_L1_NOALLOC 0
 #endif
 
 namespace fk {
@@ -75,6 +89,17 @@ template <int WARPS>
 struct RowsPerBlock {
   static constexpr int value = WARPS < 4 ? 4 / WARPS : 1;
 };
+
+// x_hat = (x - mean) * rstd of the forward's output step. nmr = -mean * rstd, computed once per row.
+// FK_NORM_XHAT_FMA (experiment, off by default) folds the subtraction into one FFMA, x * rstd + nmr: one
+// instruction per element fewer (the FP8 forward is issue-bound); the rounding of nmr adds an absolute
+// error of about 2^-24 |mean| rstd, as the rounding of the mean already does.
+template <bool RMS>
+__device__ __forceinline__ float norm_xhat(float x, float mean, float rstd, float nmr) {
+  if constexpr (RMS) return x * rstd;
+  if constexpr (FK_NORM_XHAT_FMA) return fmaf(x, rstd, nmr);
+  return (x - mean) * rstd;
+}
 
 // gamma (g = w, or w + 1 with zero_centered_gamma; 1 without weights) and beta of one vector of columns,
 // in fp32, from one vector load each (the weights are shared by all rows and stay in L1/L2).
@@ -142,9 +167,16 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
-    if (row_ok && v < nvec) {
-      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
+    if (row_ok && (FK_EXACT_T || v < nvec)) {
+      if constexpr (FK_ROW_L1_NOALLOC && !STREAM && sizeof(Vec<T, VEC>) == 16) {
+        uint4 u;
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(x + base + (long long)v * VEC));
+        raw[i] = *reinterpret_cast<Vec<T, VEC>*>(&u);
+      } else {
+        raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+                        : load_vec<T, VEC>(x + base + (long long)v * VEC);
+      }
       if (residual != nullptr) {
         const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
                                      : load_vec<T, VEC>(residual + base + (long long)v * VEC);
@@ -173,10 +205,11 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
                                           int zero_centered) {
   using O = typename OUT::Store;
   constexpr int T_ROW = 32 * WARPS;
+  const float nmr = -mean * rstd;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
-    if (v < nvec) {
+    if (FK_EXACT_T || v < nvec) {
       float g[VEC], beta[VEC];
       if constexpr (PLAIN_W) {
         const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
@@ -197,12 +230,13 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
       if constexpr (OUT::kFp8) {
         float o[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j];
+        for (int j = 0; j < VEC; ++j) o[j] = norm_xhat<RMS>(vec_elem(raw[i], j), mean, rstd, nmr) * g[j] + beta[j];
         OUT::template put<VEC>(y + (long long)v * VEC, o, st);
       } else {
         Vec<O, VEC> out;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j]);
+        for (int j = 0; j < VEC; ++j)
+          out.v[j] = from_float<O>(norm_xhat<RMS>(vec_elem(raw[i], j), mean, rstd, nmr) * g[j] + beta[j]);
         store_vec<O, VEC>(y + (long long)v * VEC, out);
       }
     }
@@ -233,7 +267,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    if (threadIdx.x + i * T_ROW < nvec) {
+    if (FK_EXACT_T || threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = vec_elem(raw[i], j) - mean;
@@ -400,6 +434,7 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if (mean_out != nullptr) mean_out[row] = mean;
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
+  const float nmr = -mean * rstd;
   for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
     const Vec<T, VEC> a = load_vec<T, VEC>(src + base + (long long)v * VEC);
     float g[VEC], beta[VEC];
@@ -408,12 +443,12 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if constexpr (OUT::kFp8) {
       float o[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(a, j) - mean) * rstd * g[j] + beta[j];
+      for (int j = 0; j < VEC; ++j) o[j] = norm_xhat<RMS>(vec_elem(a, j), mean, rstd, nmr) * g[j] + beta[j];
       OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
     } else {
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(a, j) - mean) * rstd * g[j] + beta[j]);
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>(norm_xhat<RMS>(vec_elem(a, j), mean, rstd, nmr) * g[j] + beta[j]);
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }

@@ -14,9 +14,10 @@ rest was Python validation and planning, which this cache skips.
 """
 from __future__ import annotations
 
+from . import _jit
 from ._launch import Launcher
 
-_plans: dict = {}
+_plans: dict = _jit.plan_cache()
 _cupy_ndarray = None  # set once CuPy is imported by a call that planned a CuPy launch
 _cupy = None          # the cupy module then (a global lookup instead of an import statement per call)
 _torch_tensor = None

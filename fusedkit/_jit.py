@@ -136,5 +136,20 @@ def get_kernel(file: str, expr: str, device: int):
     return k
 
 
+_plan_caches: list = []
+
+
+def plan_cache() -> dict:
+    """A module's dict of launch plans or launchers built from compiled kernels. clear_memory_cache()
+    empties every such dict with the kernels, so nothing keeps a kernel of the previous options."""
+    d: dict = {}
+    _plan_caches.append(d)
+    return d
+
+
 def clear_memory_cache() -> None:
+    """Forget the compiled kernels held in memory and every plan built from them (the disk cache stays:
+    its key covers the NVRTC options). Tools call it between builds with different options."""
     _kernels.clear()
+    for d in _plan_caches:
+        d.clear()

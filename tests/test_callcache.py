@@ -110,3 +110,17 @@ def test_repeat_backward_calls_match_the_full_path(backend, dtype, rms, weight):
 def test_host_arrays_never_use_the_backward_cache():
     x = np.ones((2, 8), np.float32)
     assert _callcache.norm_backward(x, x, None, None, np.ones(2, np.float32), False, True) is None
+
+
+def test_clear_memory_cache_empties_every_plan_cache():
+    """Tools rebuild kernels with other NVRTC options after _jit.clear_memory_cache(): no launch plan may
+    keep a kernel of the previous build (runs 1935Z / 2059Z timed stale norm plans)."""
+    from fusedkit import _callcache, _jit
+    from fusedkit.backends import _common, cuda_cross_entropy, cuda_norms, cuda_softmax
+    caches = [_callcache._plans, _common._launchers, _common._occ, cuda_cross_entropy._plans,
+              cuda_norms._fwd_plans, cuda_norms._fwd_fp8_plans, cuda_norms._bwd_plans,
+              cuda_softmax._fwd_plans, cuda_softmax._bwd_plans]
+    for d in caches:
+        d["sentinel"] = object()
+    _jit.clear_memory_cache()
+    assert all("sentinel" not in d for d in caches)

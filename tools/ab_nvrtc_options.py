@@ -13,7 +13,10 @@ variant's output bytes equal the shipped build's. Writes JSON to argv[1].
     AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=1" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
 
-Run 2026-12-04 (ab_ct_order_store_2026-12-04T1913Z.json): two cast-transpose experiments (blocks down the
+Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
+_fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
+2059Z: their norm rows compare the shipped build with itself); _jit.clear_memory_cache now empties every
+plan cache. Run 2026-12-04 (ab_ct_order_store_2026-12-04T1913Z.json): two cast-transpose experiments (blocks down the
 rows first; evict-first stores) lost 2-6 % in every round and were removed. The first rounds of a freshly
 started machine ran slow for every variant: read the last round, or add rounds.
 """
@@ -25,7 +28,6 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _jit
-from fusedkit.backends import _common
 from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
@@ -57,9 +59,7 @@ def cases():
 
 def select(opts):
     os.environ["FUSEDKIT_NVRTC_OPTIONS"] = opts
-    _jit.clear_memory_cache()
-    _common._launchers.clear()
-    _common._occ.clear()
+    _jit.clear_memory_cache()  # the kernels and every plan built from them (norms, softmax, launchers)
 
 
 def output_bytes(res):

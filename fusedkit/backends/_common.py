@@ -41,7 +41,7 @@ def grid_stride_blocks(work: int, threads: int, device: int, per_sm: int = 8) ->
     return max(1, min(-(-work // threads), sm_count(device) * per_sm))
 
 
-_launchers: dict = {}
+_launchers: dict = _jit.plan_cache()
 
 
 def launcher(file: str, expr: str, codes: str, device: int, cluster: int = 1) -> Launcher:
@@ -55,7 +55,7 @@ def launcher(file: str, expr: str, codes: str, device: int, cluster: int = 1) ->
     return fn
 
 
-_occ: dict = {}
+_occ: dict = _jit.plan_cache()
 
 
 def blocks_per_sm(kernel, expr, device, threads, smem) -> int:

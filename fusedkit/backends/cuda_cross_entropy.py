@@ -152,7 +152,7 @@ def clusters_ok(device: int) -> bool:
     return cupy.cuda.Device(device).compute_capability >= "90"
 
 
-_plans: dict = {}
+_plans: dict = _jit.plan_cache()
 _logged: set = set()
 
 

@@ -172,7 +172,7 @@ class _Params(ctypes.Structure):
 
 
 _ARG_NAMES = [f[0] for f in _Params._fields_]
-_kernels: dict = {}
+_kernels: dict = _jit.plan_cache()
 
 
 def _kernel(e: str, device: int, smem: int):
@@ -215,7 +215,7 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
         launch.launch(grid, 1, (THREADS, 1, 1), smem, stream, ctypes.addressof(args))
 
 
-_cluster_launches: dict = {}
+_cluster_launches: dict = _jit.plan_cache()
 
 
 def _cluster_launch(k, cluster: int, smem: int):

@@ -291,7 +291,7 @@ def _log_config(op, expr, grid, block, smem=0):
         _env.debug(1, f"{op}: {expr} grid={grid} block={block} smem={smem}")
 
 
-_fwd_plans: dict = {}
+_fwd_plans: dict = _jit.plan_cache()
 
 
 @lru_cache(maxsize=None)
@@ -330,7 +330,7 @@ def forward(x, res, w, b, y, hsum, mean, rstd, M, N, x_dt, w_dt, o_dt, eps, zero
            zero_centered)
 
 
-_fwd_fp8_plans: dict = {}
+_fwd_fp8_plans: dict = _jit.plan_cache()
 
 
 def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
@@ -390,7 +390,7 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
        amax, M, N, eps, zero_centered)
 
 
-_bwd_plans: dict = {}
+_bwd_plans: dict = _jit.plan_cache()
 
 
 def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):

@@ -294,7 +294,7 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
     raise AssertionError("unreachable: the last config has no cluster")
 
 
-_fwd_plans: dict = {}
+_fwd_plans: dict = _jit.plan_cache()
 
 
 def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device, stream, config=None):
@@ -321,7 +321,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
             fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), x, y, M, N, scale)
 
 
-_bwd_plans: dict = {}
+_bwd_plans: dict = _jit.plan_cache()
 
 
 def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
