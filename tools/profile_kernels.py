@@ -5,6 +5,7 @@
 
 Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run only some):
   norm_fwd        LayerNorm forward at 32768 x 4096 (the reference point: 0.94 of copy)
+  ln1024          LayerNorm forward at 131072 x 1024, fusedkit and torch.compile (NCU_KERNELS="norm_fwd|triton")
   norm_fwd_fp8    the same with E4M3 output (0.75-0.83: the gap to explain)
   rms_fwd_fp8     RMSNorm with E4M3 output at 32768 x 4096 (0.82-0.88: same bytes, one row sum and no bias)
   norm_bwd        LayerNorm backward at 8192 x 16384 (fwd+bwd 0.71)
@@ -40,6 +41,17 @@ def bf16(shape, loc=0.0, scale=1.0, seed=0):
 def case_norm_fwd():
     x, w = bf16((32768, 4096), -2.3, 0.5), bf16((4096,), 1.0, 0.3, 1)
     return lambda: fk.layer_norm(x, w, w)
+
+
+def case_ln1024():
+    """LayerNorm forward at 131072 x 1024: fusedkit and torch.compile's Triton kernel (0.98x, issue 2)."""
+    import torch
+    from fusedkit.bench import norm_fp8_inputs
+    x, w, b, _ = norm_fp8_inputs(torch, 131072, 1024, torch.bfloat16)
+    compiled = torch.compile(lambda x_, w_, b_: torch.nn.functional.layer_norm(x_, (1024,), w_, b_, 1e-5),
+                             dynamic=False)
+    compiled(x, w, b)  # compile outside the profiled launches
+    return lambda: (fk.layer_norm(x, w, b), compiled(x, w, b))
 
 
 def case_norm_fwd_fp8():
