@@ -7,7 +7,8 @@
 // ..., t + (ITEMS - 1) * T (T = 32 * WARPS), so every load of a warp is one coalesced 512-byte access.
 // Blocks are 128 threads or more: RPB = 4 / WARPS rows per block when a row takes fewer than 4 warps.
 // The row stays in registers as raw storage (one buffer, plain loads); load latency is hidden by the
-// many resident blocks. LayerNorm takes exact two-pass statistics from registers: mean, then
+// many resident blocks. Where N fills the config exactly (N = ITEMS * T * VEC, FULL) the per-vector
+// bounds tests are compiled out. LayerNorm takes exact two-pass statistics from registers: mean, then
 // sum((x - mean)^2), each one row sum (shuffles, plus, when WARPS > 1, one shared-memory round with a
 // single barrier: row_sum_alternating).
 // Bytes: read x (+ residual) and the weights (cached), write y (+ x + residual) and 8 bytes of
@@ -22,7 +23,8 @@
 // (common/fp8.cuh cast_fp8_vec, RNE), |y| is merged into a per-thread amax, and at the end of the block
 // one block-wide max goes to *amax_out (atomicMax on the float bits; the caller zeroes it). The register
 // kernel walks row groups grid-stride over the resident blocks, so that merge runs once per block rather
-// than once per row group (norm_fwd_looped_fp8: one row per block). The scale
+// than once per row group (norm_fwd_looped_fp8: one row per block); LayerNorm's (two row sums per
+// group) also asks the L2 for its next group while it works on this one (PREFETCH). The scale
 // is read from device memory (delayed scaling, no host sync); thread 0 of block 0 writes
 // scale_inv = 1 / scale (IEEE division). The input cast of the next FP8 GEMM fused into the norm:
 // read 2MN + write MN = 3MN bytes for 2-byte x (one atomic per block on top). M = 0 launches one block
@@ -65,22 +67,14 @@
 #include "common/fp8.cuh"
 #include "common/cluster.cuh"
 
-#ifndef FK_EXACT_T
-// Experiment for an A/B only (off by default; wrong results unless N == ITEMS * 32 * WARPS * VEC): the
-// row code's per-vector bounds tests (v < nvec) dropped, to measure what they cost the forward.
-#define FK_EXACT_T 0
-#endif
-#ifndef FK_NORM_XHAT_FMA
-#define FK_NORM_XHAT_FMA 0  // experiment: the forward's x_hat = x * rstd + (-mean * rstd), one FFMA (see norm_xhat)
+// Switches of two host-chosen template flags, for A/B runs (tools/ab_nvrtc_options.py; 1 = shipped):
+// FK_FULL_ROWS = 0 keeps the per-vector bounds tests where FULL says the row code is filled exactly;
+// FK_FP8_FWD_PREFETCH = 0 turns off the L2 prefetch that PREFETCH asks of norm_fwd_fp8.
+#ifndef FK_FULL_ROWS
+#define FK_FULL_ROWS 1
 #endif
 #ifndef FK_FP8_FWD_PREFETCH
-#define FK_FP8_FWD_PREFETCH 0  // experiment: L2 prefetch of the next row group in norm_fwd_fp8 (see there)
-#endif
-// Experiment (off): the register forwards' row loads as ld.global.nc.L1::no_allocate, so the rows
-// streaming through do not evict gamma / beta from L1 (ncu 1925Z, LayerNorm -> FP8: L1 hit rate 57 %).
-// Its first A/B (1935Z) ran the shipped kernels for both sides (a plan cache kept them): measured again.
-#ifndef FK_ROW_L1_NOALLOC
-#define FK_ROW_L1_NOALLOC 0
+#define FK_FP8_FWD_PREFETCH 1
 #endif
 
 namespace fk {
@@ -89,17 +83,6 @@ template <int WARPS>
 struct RowsPerBlock {
   static constexpr int value = WARPS < 4 ? 4 / WARPS : 1;
 };
-
-// x_hat = (x - mean) * rstd of the forward's output step. nmr = -mean * rstd, computed once per row.
-// FK_NORM_XHAT_FMA (experiment, off by default) folds the subtraction into one FFMA, x * rstd + nmr: one
-// instruction per element fewer (the FP8 forward is issue-bound); the rounding of nmr adds an absolute
-// error of about 2^-24 |mean| rstd, as the rounding of the mean already does.
-template <bool RMS>
-__device__ __forceinline__ float norm_xhat(float x, float mean, float rstd, float nmr) {
-  if constexpr (RMS) return x * rstd;
-  if constexpr (FK_NORM_XHAT_FMA) return fmaf(x, rstd, nmr);
-  return (x - mean) * rstd;
-}
 
 // gamma (g = w, or w + 1 with zero_centered_gamma; 1 without weights) and beta of one vector of columns,
 // in fp32, from one vector load each (the weights are shared by all rows and stay in L1/L2).
@@ -158,7 +141,10 @@ struct Fp8Out {
 // Forward, row in registers.
 
 // Loads this thread's vectors of `row` (x, plus residual -> also stores h = x + residual).
-template <typename T, int VEC, int ITEMS, int T_ROW, bool STREAM = true>
+// FULL (a kernel template flag, chosen by the host): N == ITEMS * T_ROW * VEC, every vector slot of the
+// thread holds a column, so the per-vector bounds tests go (A/B 2110Z: plain LayerNorm forward +2 %,
+// LayerNorm -> FP8 +3-4 % at 4096 and 8192).
+template <typename T, int VEC, int ITEMS, int T_ROW, bool STREAM = true, bool FULL = false>
 __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
                                          const T* __restrict__ residual, T* __restrict__ sum_out,
                                          long long row, bool row_ok, int N) {
@@ -167,16 +153,9 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
-    if (row_ok && (FK_EXACT_T || v < nvec)) {
-      if constexpr (FK_ROW_L1_NOALLOC && !STREAM && sizeof(Vec<T, VEC>) == 16) {
-        uint4 u;
-        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(x + base + (long long)v * VEC));
-        raw[i] = *reinterpret_cast<Vec<T, VEC>*>(&u);
-      } else {
-        raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-                        : load_vec<T, VEC>(x + base + (long long)v * VEC);
-      }
+    if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
+      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
         const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
                                      : load_vec<T, VEC>(residual + base + (long long)v * VEC);
@@ -198,18 +177,18 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
 // load_beta supply the defaults (1, 0) and the + 1: their default values, null tests and adds cost
 // about 3 instructions per element in the SASS, which the common case no longer carries. (A uniform
 // branch per row instead of the flag made ptxas spill in the FP8 kernels under their register caps.)
-template <bool PLAIN_W, typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS>
+template <bool PLAIN_W, typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS,
+          bool FULL = false>
 __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
                                           const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                           typename OUT::State& st, int nvec, float mean, float rstd,
                                           int zero_centered) {
   using O = typename OUT::Store;
   constexpr int T_ROW = 32 * WARPS;
-  const float nmr = -mean * rstd;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
-    if (FK_EXACT_T || v < nvec) {
+    if ((FULL && FK_FULL_ROWS) || v < nvec) {
       float g[VEC], beta[VEC];
       if constexpr (PLAIN_W) {
         const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
@@ -230,13 +209,12 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
       if constexpr (OUT::kFp8) {
         float o[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o[j] = norm_xhat<RMS>(vec_elem(raw[i], j), mean, rstd, nmr) * g[j] + beta[j];
+        for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j];
         OUT::template put<VEC>(y + (long long)v * VEC, o, st);
       } else {
         Vec<O, VEC> out;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          out.v[j] = from_float<O>(norm_xhat<RMS>(vec_elem(raw[i], j), mean, rstd, nmr) * g[j] + beta[j]);
+        for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(raw[i], j) - mean) * rstd * g[j] + beta[j]);
         store_vec<O, VEC>(y + (long long)v * VEC, out);
       }
     }
@@ -244,7 +222,8 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
 }
 
 // Statistics and output of one row held in registers (all threads of the block call it: barriers).
-template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W>
+template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
+          bool FULL = false>
 __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], const W* __restrict__ w,
                                               const W* __restrict__ b, typename OUT::Store* __restrict__ y,
                                               typename OUT::State& st, float* __restrict__ mean_out,
@@ -267,7 +246,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    if (FK_EXACT_T || threadIdx.x + i * T_ROW < nvec) {
+    if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = vec_elem(raw[i], j) - mean;
@@ -282,7 +261,8 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
   const long long base = row * (long long)N;
-  store_row<PLAIN_W, T, W, OUT, VEC, ITEMS, WARPS, RMS>(raw, w, b, y + base, st, nvec, mean, rstd, zero_centered);
+  store_row<PLAIN_W, T, W, OUT, VEC, ITEMS, WARPS, RMS, FULL>(raw, w, b, y + base, st, nvec, mean, rstd,
+                                                              zero_centered);
 }
 
 // One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
@@ -290,7 +270,7 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
 // the resident blocks per SM asked of ptxas (a tuned config's fifth field; swept: LayerNorm 16384 reads
 // 0.94 of copy at 3 x 512 threads (40 registers) against 0.91 at ptxas's own 56 registers, 2 blocks).
 template <typename T, typename W, typename O, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          int MIN_BLOCKS = 1>
+          int MIN_BLOCKS = 1, bool FULL = false>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value, MIN_BLOCKS)
 norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
                 const W* __restrict__ b, O* __restrict__ y, T* __restrict__ sum_out,
@@ -298,11 +278,11 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
                 int zero_centered) {
   const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
   Vec<T, VEC> a[ITEMS];
-  load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
+  load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
   typename PlainOut<O>::State st;
   int parity = 0;
-  normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
-                                                           eps, zero_centered, parity);
+  normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
+                                                                       row < M, N, eps, zero_centered, parity);
 }
 
 // Occupancy hint of the FP8 forward. The FP8 cast and the amax take a few registers more than the plain
@@ -331,7 +311,7 @@ struct Fp8FwdMinBlocks {
 // (grid = the groups, as norm_fwd; 48 registers) and the amax merged per warp, without a barrier
 // (warp_amax_merge). cuda_norms.FWD_FP8_WAVES picks (None: one group per block).
 template <typename T, typename W, typename F, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
-          bool PERSISTENT = true>
+          bool PERSISTENT = true, bool FULL = false, bool PREFETCH = false>
 __global__ void __launch_bounds__(32 * WARPS * RowsPerBlock<WARPS>::value,
                                   (Fp8FwdMinBlocks<T, W, VEC, ITEMS, WARPS, RMS>::value))
 norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
@@ -347,9 +327,9 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   if constexpr (!PERSISTENT) {
     const long long row = (long long)blockIdx.x * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
-    load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M,
-                                                                     N, eps, zero_centered, parity);
+    load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
+                                                                           row < M, N, eps, zero_centered, parity);
     warp_amax_merge(st.amax, amax_out);
     return;
   }
@@ -359,26 +339,27 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   // microsecond each time).
   const int groups = (int)((M + RPB - 1) / RPB);  // < 2^31 (checked by the launcher)
   for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-#if FK_FP8_FWD_PREFETCH
-    // Experiment (off by default; A/B: expbench with EXP_OPTIONS=-DFK_FP8_FWD_PREFETCH=1): the block's
-    // next row group fetched into L2 while this one is loaded, reduced and written, so its loads wait
-    // for L2 rather than DRAM. The grid-stride loop has no other prefetch: LayerNorm -> FP8 reads
-    // 0.75-0.83 of copy where the non-persistent plain forward reads 0.93.
-    if (tid == 0 && g + (int)gridDim.x < groups) {
-      const long long r0 = (long long)(g + gridDim.x) * RPB;
-      const unsigned bytes = (unsigned)((M - r0 < RPB ? M - r0 : RPB) * N * (long long)sizeof(T));
-      if (((reinterpret_cast<unsigned long long>(x) | (unsigned long long)N * sizeof(T)) & 15) == 0) {
-        bulk_prefetch_l2(x + r0 * N, bytes);
-        if (residual != nullptr && (reinterpret_cast<unsigned long long>(residual) & 15) == 0)
-          bulk_prefetch_l2(residual + r0 * N, bytes);
+    if constexpr (PREFETCH && FK_FP8_FWD_PREFETCH) {
+      // PREFETCH (LayerNorm; chosen by the host): the block's next row group fetched into L2 while this
+      // one is loaded, reduced twice and written, so its loads wait for L2 rather than DRAM. A/B 2110Z
+      // (3 interleaved rounds): LayerNorm -> FP8 0.839 / 0.806 / 0.770 -> 0.848 / 0.835 / 0.840 of copy
+      // at 4096 / 8192 / 14336; RMSNorm -> FP8 lost 0-7 % with it (one row sum: less to hide) and
+      // goes without.
+      if (tid == 0 && g + (int)gridDim.x < groups) {
+        const long long r0 = (long long)(g + gridDim.x) * RPB;
+        const unsigned bytes = (unsigned)((M - r0 < RPB ? M - r0 : RPB) * N * (long long)sizeof(T));
+        if (((reinterpret_cast<unsigned long long>(x) | (unsigned long long)N * sizeof(T)) & 15) == 0) {
+          bulk_prefetch_l2(x + r0 * N, bytes);
+          if (residual != nullptr && (reinterpret_cast<unsigned long long>(residual) & 15) == 0)
+            bulk_prefetch_l2(residual + r0 * N, bytes);
+        }
       }
     }
-#endif
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
-    load_row<T, VEC, ITEMS, 32 * WARPS, false>(a, x, residual, sum_out, row, row < M, N);
-    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W>(a, w, b, y, st, mean_out, rstd_out, row, row < M, N,
-                                                           eps, zero_centered, parity);
+    load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
+    normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
+                                                                           row < M, N, eps, zero_centered, parity);
   }
   block_amax_merge_flat(st.amax, amax_out, tid, blockDim.x * blockDim.y);
 }
@@ -434,7 +415,6 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if (mean_out != nullptr) mean_out[row] = mean;
     if (rstd_out != nullptr) rstd_out[row] = rstd;
   }
-  const float nmr = -mean * rstd;
   for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
     const Vec<T, VEC> a = load_vec<T, VEC>(src + base + (long long)v * VEC);
     float g[VEC], beta[VEC];
@@ -443,12 +423,12 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
     if constexpr (OUT::kFp8) {
       float o[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o[j] = norm_xhat<RMS>(vec_elem(a, j), mean, rstd, nmr) * g[j] + beta[j];
+      for (int j = 0; j < VEC; ++j) o[j] = (vec_elem(a, j) - mean) * rstd * g[j] + beta[j];
       OUT::template put<VEC>(y + base + (long long)v * VEC, o, st);
     } else {
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>(norm_xhat<RMS>(vec_elem(a, j), mean, rstd, nmr) * g[j] + beta[j]);
+      for (int j = 0; j < VEC; ++j) out.v[j] = from_float<O>((vec_elem(a, j) - mean) * rstd * g[j] + beta[j]);
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }

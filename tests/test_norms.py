@@ -563,10 +563,10 @@ def test_forward_kernels_are_registered(rms):
             cfg, f8 = cn.fwd_config(N, s, rms), cn.fwd_fp8_config(N, s, rms)
             assert cn.fwd_plain_config(N, s, 4, rms) == f8  # fp32 output: the FP8 forward's config
             for plain_w in (False, True):
-                assert cn.fwd_expr(cfg, x_dt, x_dt, x_dt, rms, plain_w=plain_w) in exprs
-                assert cn.fwd_expr(f8, x_dt, x_dt, "float32", rms, plain_w=plain_w) in exprs
+                assert cn.fwd_expr(cfg, x_dt, x_dt, x_dt, rms, plain_w=plain_w, N=N) in exprs
+                assert cn.fwd_expr(f8, x_dt, x_dt, "float32", rms, plain_w=plain_w, N=N) in exprs
                 for fmt in ("e4m3", "e5m2"):
-                    assert cn.fwd_fp8_expr(f8, x_dt, x_dt, fmt, rms, plain_w=plain_w) in exprs
+                    assert cn.fwd_fp8_expr(f8, x_dt, x_dt, fmt, rms, plain_w=plain_w, N=N) in exprs
     for (op, N, s), t in cn.TUNED_FP8.items():
         if (op == "rms") == rms:
             assert cn.fwd_fp8_config(N, s, rms) == ("rows", cn.vec_width(N, s)) + tuple(t)

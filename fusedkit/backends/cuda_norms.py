@@ -199,26 +199,50 @@ def bwd_plain_weights(has_w, zero_centered) -> bool:
     return bool(has_w) and not zero_centered
 
 
-def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w) -> str:
+def _row_bytes(cfg, x_dt) -> int:
+    """Bytes of the row one thread of a register config holds."""
+    return cfg[1] * cfg[2] * ITEMSIZE[x_dt]
+
+
+def full_rows(cfg, N, x_dt, w_dt) -> bool:
+    """The register forward's FULL flag: rows of N fill every vector slot of the config (N == items x
+    threads per row x vec), so the kernel drops its per-vector bounds tests (cuda/norms.cu load_row).
+    Only where that compiles without spills under the kernel's register cap (compile-all check): 16-bit
+    weights and at most 64 bytes of row per thread; the occupancy-hinted configs are left out by the
+    callers (fwd_expr)."""
+    return (N is not None and cfg[0] == "rows" and N == cfg[1] * cfg[2] * 32 * cfg[3]
+            and ITEMSIZE[w_dt] == 2 and _row_bytes(cfg, x_dt) <= 64)
+
+
+def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w, N=None) -> str:
+    """N: the row length the kernel serves (FULL when it fills the config; None: the general kernel)."""
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
         # the occupancy hint, measured with 16-bit weights and output (fp32 ones spill under its cap);
         # the kernel's default is 1
         hint = len(cfg) > 4 and cfg[4] > 1 and ITEMSIZE[w_dt] == 2 and ITEMSIZE[o_dt] == 2
-        min_blocks = f", {cfg[4]}" if hint else ""
+        full = full_rows(cfg, N, x_dt, w_dt) and not (len(cfg) > 4 and cfg[4] > 1)
+        tail = ", 1, true" if full else (f", {cfg[4]}" if hint else "")
         return (f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}{min_blocks}>")
+                f"{_b(plain_w)}{tail}>")
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
-def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True) -> str:
+def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, N=None) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
-    grid-stride register kernel (else one row group per block, see norm_fwd_fp8)."""
+    grid-stride register kernel (else one row group per block, see norm_fwd_fp8); N as in fwd_expr.
+    The persistent LayerNorm kernel prefetches its next row group into L2 (PREFETCH; RMSNorm lost
+    0-7 % with it, A/B 2110Z), with 16-bit weights and up to 80 bytes of row per thread (beyond, or
+    with fp32 weights, it spilled)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
+        full = persistent and full_rows(cfg, N, x_dt, w_dt)
+        prefetch = persistent and not rms and ITEMSIZE[w_dt] == 2 and _row_bytes(cfg, x_dt) <= 80
+        tail = f", {_b(persistent)}, {_b(full)}, {_b(prefetch)}" if full or prefetch else (
+            "" if persistent else ", false")
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
-                f"{_b(plain_w)}{'' if persistent else ', false'}>")
+                f"{_b(plain_w)}{tail}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
 
 
@@ -303,7 +327,7 @@ def _staged_ok(device: int) -> bool:
 
 def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w):
     cfg = config or fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms, max_vec)
-    expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms, plain_w=plain_w)
+    expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms, plain_w=plain_w, N=N)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # one group of rows per block
         warps = cfg[3]
@@ -335,7 +359,7 @@ _fwd_fp8_plans: dict = _jit.plan_cache()
 
 def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
-    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent)
+    expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent, N=N)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
         warps = cfg[3]
@@ -553,12 +577,12 @@ def all_expressions():
                     for plain_w in (False, True):
                         for o_dt in sorted({x_dt, "float32"}):
                             fc = fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms)
-                            exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w))
+                            exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w, N=N))
                         for fmt in FMT_CXX:
-                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w))
+                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w, N=N))
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
-                                                         persistent=False))
+                                                         persistent=False, N=N))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
                         pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
