@@ -231,14 +231,18 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w, N=None) -> str:
 def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, N=None) -> str:
     """The FP8-output forward (fmt "e4m3" / "e5m2") for a forward config; ``persistent``: the
     grid-stride register kernel (else one row group per block, see norm_fwd_fp8); N as in fwd_expr.
-    The persistent LayerNorm kernel prefetches its next row group into L2 (PREFETCH; RMSNorm lost
-    0-7 % with it, A/B 2110Z), with 16-bit weights and up to 80 bytes of row per thread (beyond, or
-    with fp32 weights, it spilled)."""
+    The persistent LayerNorm kernel prefetches its next row group into L2 (PREFETCH) where a group
+    holds 16 KB or more: A/B 2126Z, LayerNorm -> FP8 0.826 -> 0.861 at 8192 and 0.767 -> 0.839 at 14336,
+    0.871 -> 0.861 at 4096 (8 KB groups); RMSNorm lost 0-7 % with it (2110Z). Only with 16-bit weights
+    and up to 80 bytes of row per thread (beyond, or with fp32 weights, it spilled)."""
     f = FMT_CXX[fmt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        full = persistent and full_rows(cfg, N, x_dt, w_dt)
-        prefetch = persistent and not rms and ITEMSIZE[w_dt] == 2 and _row_bytes(cfg, x_dt) <= 80
+        # FULL with one warp per row (warps = 1) spilled 4-16 B under the FP8 kernel's register cap
+        full = persistent and full_rows(cfg, N, x_dt, w_dt) and warps >= 2
+        group_bytes = rows_per_block(warps) * (N or 0) * ITEMSIZE[x_dt]
+        prefetch = (persistent and not rms and ITEMSIZE[w_dt] == 2 and _row_bytes(cfg, x_dt) <= 80
+                    and group_bytes >= 16384)
         tail = f", {_b(persistent)}, {_b(full)}, {_b(prefetch)}" if full or prefetch else (
             "" if persistent else ", false")
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
