@@ -76,38 +76,8 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 1
 #endif
-// Experiments (off): L1 eviction priorities in the register forwards, as torch.compile's Triton
-// LayerNorm asks them (gamma / beta loads evict_last: FK_W_EVICT_LAST; row loads evict_first:
-// FK_X_EVICT_FIRST). ncu 2106Z at 131072 x 1024: L2 throughput 90 % against DRAM 84 %.
-#ifndef FK_W_EVICT_LAST
-#define FK_W_EVICT_LAST 0
-#endif
-#ifndef FK_X_EVICT_FIRST
-#define FK_X_EVICT_FIRST 0
-#endif
 
 namespace fk {
-
-// A 16-byte vector load with an L1 eviction priority (the experiments above).
-template <typename T, int VEC, bool LAST>
-__device__ __forceinline__ Vec<T, VEC> load_vec_evict(const T* p) {
-  static_assert(sizeof(Vec<T, VEC>) == 16, "16-byte vectors only");
-  uint4 u;
-  if constexpr (LAST)
-    asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
-  else
-    asm("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
-  return *reinterpret_cast<Vec<T, VEC>*>(&u);
-}
-
-// gamma / beta vector of the register forwards (FK_W_EVICT_LAST: with L1 priority evict_last).
-template <typename W, int VEC>
-__device__ __forceinline__ Vec<W, VEC> load_weight_vec(const W* p) {
-  if constexpr (FK_W_EVICT_LAST && sizeof(Vec<W, VEC>) == 16) return load_vec_evict<W, VEC, true>(p);
-  else return load_vec<W, VEC>(p);
-}
 
 template <int WARPS>
 struct RowsPerBlock {
@@ -184,11 +154,8 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
-      if constexpr (FK_X_EVICT_FIRST && !STREAM && sizeof(Vec<T, VEC>) == 16)
-        raw[i] = load_vec_evict<T, VEC, false>(x + base + (long long)v * VEC);
-      else
-        raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-                        : load_vec<T, VEC>(x + base + (long long)v * VEC);
+      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
         const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
                                      : load_vec<T, VEC>(residual + base + (long long)v * VEC);
@@ -224,14 +191,14 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
     if ((FULL && FK_FULL_ROWS) || v < nvec) {
       float g[VEC], beta[VEC];
       if constexpr (PLAIN_W) {
-        const Vec<W, VEC> tw = load_weight_vec<W, VEC>(w + (long long)v * VEC);
+        const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) g[j] = vec_elem(tw, j);
         if constexpr (RMS) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
         } else {
-          const Vec<W, VEC> tb = load_weight_vec<W, VEC>(b + (long long)v * VEC);
+          const Vec<W, VEC> tb = load_vec<W, VEC>(b + (long long)v * VEC);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) beta[j] = vec_elem(tb, j);
         }

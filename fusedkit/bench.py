@@ -104,6 +104,13 @@ class GpuTimer:
         return statistics.median(times)
 
 
+def _reset_dynamo(torch) -> None:
+    try:
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001 - a torch without dynamo has no torch.compile peer to reset
+        pass
+
+
 def precompile(file, exprs, arch="sm_90a"):
     """Fills the kernel cache with ``exprs`` of ``file`` through a process pool (NVRTC is single-threaded;
     the tools/sweep_*.py scripts then time candidates without waiting on compiles). A failure is
@@ -488,6 +495,10 @@ def run_gpu(args):
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
         # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
         # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
+        # a fresh torch.compile for every (op, shape): one peer function compiled for more shapes than
+        # torch._dynamo's recompile limit (8) falls back to eager without an error (runs before
+        # 2026-12-04 21:50Z compared some rows against eager under the torch.compile name)
+        _reset_dynamo(torch)
         fns = impls(torch, op, M, N, dtype)
         times = {impl: [] for impl in fns}
         for _ in range(args.rounds):
@@ -821,6 +832,7 @@ def main(argv=None) -> int:
            "commit": source_commit(), "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
     if gpu:
         res["rounds"] = args.rounds
+        res["torch_compile_fresh"] = True  # torch._dynamo.reset() before every (op, shape): see run_gpu
     nvrtc_opts = os.environ.get("FUSEDKIT_NVRTC_OPTIONS", "").strip()
     if nvrtc_opts:  # an experiment, not the code as committed (tools/readme_table.py skips these)
         res["experiment"] = {"FUSEDKIT_NVRTC_OPTIONS": nvrtc_opts}

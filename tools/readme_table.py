@@ -36,8 +36,14 @@ def newest_groups():
         for r in res["rows"]:
             mine.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
         for k, impls in mine.items():
-            groups[k] = (impls, res.get("copy_GBps"), f, date, res["device"])
+            groups[k] = (impls, res.get("copy_GBps"), f, date, res["device"], res.get("torch_compile_fresh", False))
     return groups
+
+
+def eager_fallback(impls) -> bool:
+    """A torch.compile time within 5 % of torch eager's in a run that did not reset dynamo per (op, shape)."""
+    c, e = impls.get("torch_compile"), impls.get("torch_eager")
+    return c is not None and e is not None and abs(c["ms"] / e["ms"] - 1) < 0.05
 
 
 def table() -> str:
@@ -49,7 +55,8 @@ def table() -> str:
              "| op | M x N | fusedkit GB/s | of copy | vs torch eager | vs torch.compile | vs Liger |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     gemm, overhead = [], []
-    for (op, shape), (impls, copy, _f, _d, _dev) in groups.items():
+    suspect = 0
+    for (op, shape), (impls, copy, _f, _d, _dev, fresh) in groups.items():
         mine = impls.get("fusedkit")
         if "overhead" in op:
             overhead = [f"{k}: {v['ms'] * 1e3:.1f} us" for k, v in impls.items()]
@@ -61,8 +68,16 @@ def table() -> str:
                         + ", ".join(peers) + " |")
         else:
             sp = [f"{impls[p]['ms'] / mine['ms']:.2f}x" if p in impls else "-" for p in PEERS]
+            if not fresh and eager_fallback(impls):
+                sp[1] = "(eager)"
+                suspect += 1
             lines.append(f"| {op} | {shape[0]} x {shape[1]} | {mine['GBps']:.0f} | {mine['GBps'] / copy:.2f} | "
                          + " | ".join(sp) + " |")
+    if suspect:
+        lines += ["", f"(eager): {suspect} rows of runs before 2026-12-04 21:50Z, whose torch.compile peer ran within "
+                  "5 % of torch eager: its compiled function had passed torch._dynamo's recompile limit and fell back "
+                  "to eager (the benchmark now resets dynamo per op and shape); their torch.compile ratio is left out "
+                  "until they are measured again."]
     if gemm:
         lines += ["", "FP8 GEMM (E4M3 x E4M3, TN), TFLOP/s = 2MNK / time; speedup = peer time / fusedkit time, same "
                   "run (cuBLASLt through torch._scaled_mm in the same accumulation mode).", "",
