@@ -53,7 +53,7 @@ def fp8_configs(N):
 
 
 def sweep_configs_main(out_path, timer, copy):
-    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True)
+    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N)
                                  for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
     import cupy
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)

@@ -102,15 +102,16 @@ def candidates_plain(N, rms):
         PAIR = saved
 
 
-def expr_of(cfg, direction, rms):
+def expr_of(cfg, direction, rms, N):
+    """The kernel the library launches for cfg at rows of N (the forward's FULL flag depends on N)."""
     if direction == "fwd":
-        return cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms, plain_w=True)
+        return cn.fwd_expr(cfg, "bfloat16", "bfloat16", "bfloat16", rms, plain_w=True, N=N)
     return cn.bwd_expr(cfg, "bfloat16", "bfloat16", rms, plain_w=True)
 
 
 def precompile(directions):
     """Fills the kernel cache for every candidate in parallel (fusedkit.bench.precompile)."""
-    bench_precompile(cn.FILE, [expr_of(cfg, d, rms) for N in SWEEP_NS for d in directions
+    bench_precompile(cn.FILE, [expr_of(cfg, d, rms, N) for N in SWEEP_NS for d in directions
                                for rms in (False, True) for cfg in candidates(N, d, rms)])
 
 
@@ -141,7 +142,7 @@ def main(out_path):
                 for cfg in candidates(N, direction, rms):
                     try:
                         if direction == "fwd":
-                            expr = expr_of(cfg, direction, rms)
+                            expr = expr_of(cfg, direction, rms, N)
 
                             def fn():
                                 cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
@@ -150,7 +151,7 @@ def main(out_path):
                                            stream, config=cfg)
                             nbytes = 4 * M * N
                         else:
-                            expr = expr_of(cfg, direction, rms)
+                            expr = expr_of(cfg, direction, rms, N)
 
                             def alloc(n):
                                 t = torch.empty(n, device="cuda")
