@@ -5,13 +5,14 @@ always included); between variants the in-memory kernel and launcher caches are 
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
 the benchmark's three shapes, the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
-at the three shapes and the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 (each a control
-for the others' defines), bf16 inputs as the benchmark's,
+at the three shapes, the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 and the plain RMSNorm
+forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others' defines), bf16 inputs as the benchmark's,
 AB_ROUNDS (3) interleaved rounds, each op as a fraction of a copy timed in the same round; checks that every
 variant's output bytes equal the shipped build's. Writes JSON to argv[1].
 
     AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=1" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
+    AB_PEERS=1 ...   (torch.compile of the plain norm forwards timed in the same rounds)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -53,8 +54,37 @@ def cases():
     for M, N in (FP8_SHAPES[0], (131072, 1024)):  # the plain forward (131072 x 1024: issue 2's closest shape)
         xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w, b=b: fk.layer_norm(xn, w, b)))
+    for M, N in ((131072, 1024), (16384, 8192), (8192, 16384)):  # RMSNorm: at or below torch.compile (214136Z)
+        xn, w, _, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
+        out.append((f"rms_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w: fk.rms_norm(xn, w)))
     only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
     return [c for c in out if not only or any(s in c[0] for s in only)]
+
+
+def peers(cs):
+    """AB_PEERS=1: torch.compile of the plain norm forwards among the cases, timed once per round beside
+    the variants (a same-process ratio against the peer the issues name). Each gets its own compiled
+    function; the recompile limit is raised so none of them falls back to eager."""
+    if os.environ.get("AB_PEERS") != "1":
+        return []
+    import torch._dynamo
+    torch._dynamo.config.recompile_limit = 64
+    F = torch.nn.functional
+    out = []
+    for name, nbytes, _ in cs:
+        op, shape = name.split()
+        if op not in ("layer_norm_fwd", "rms_norm_fwd"):
+            continue
+        M, N = (int(v) for v in shape.split("x"))
+        xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
+        if op == "rms_norm_fwd":
+            fn = torch.compile(lambda x_, w_, n=N: F.rms_norm(x_, (n,), w_, 1e-6), dynamic=False)
+            out.append((name, nbytes, lambda fn=fn, xn=xn, w=w: fn(xn, w)))
+        else:
+            fn = torch.compile(lambda x_, w_, b_, n=N: F.layer_norm(x_, (n,), w_, b_, 1e-5), dynamic=False)
+            out.append((name, nbytes, lambda fn=fn, xn=xn, w=w, b=b: fn(xn, w, b)))
+        out[-1][2]()  # compile now, outside the timed rounds
+    return out
 
 
 def select(opts):
@@ -96,6 +126,7 @@ def main(out_path):
     may_differ = os.environ.get("AB_NUMERICS") == "1"
     timer = GpuTimer(torch)
     cs = cases()
+    peer_cases = peers(cs)
     ref, differ = {}, []
     for v, only in variants:  # compile, then check every variant's bytes against the shipped build's
         select(v)
@@ -115,6 +146,10 @@ def main(out_path):
     for rnd in range(ROUNDS):
         select("")
         copy = copy_gbps(torch, timer)
+        for name, nbytes, fn in peer_cases:
+            ms = timer.ms(fn)
+            rows.append(dict(op=name, options="torch.compile", round=rnd, ms=ms, copy_GBps=copy,
+                             of_copy=nbytes / ms / 1e6 / copy))
         for v, only in variants:
             select(v)
             for name, nbytes, fn in runs(cs, only):
@@ -124,11 +159,12 @@ def main(out_path):
                 print(f"{name:34s} {v or '(shipped)':24s} round {rnd}: {ms * 1e3:7.1f} us "
                       f"{rows[-1]['of_copy']:.3f} of copy", flush=True)
     for name, _, _ in cs:
-        for v, only in variants:
-            got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == (v or "(shipped)"))
+        for v in [v for v, _ in variants] + ["torch.compile"]:
+            label = v or "(shipped)"
+            got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == label)
             if not got:
                 continue
-            print(f"SUMMARY {name:34s} {v or '(shipped)':24s} median {got[len(got) // 2]:.3f} best {got[-1]:.3f}")
+            print(f"SUMMARY {name:34s} {label:24s} median {got[len(got) // 2]:.3f} best {got[-1]:.3f}")
     with open(out_path, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), variants=[v for v, _ in variants], rows=rows,
                        bytes_differ=differ), f, indent=1)
