@@ -74,10 +74,11 @@ def table() -> str:
             lines.append(f"| {op} | {shape[0]} x {shape[1]} | {mine['GBps']:.0f} | {mine['GBps'] / copy:.2f} | "
                          + " | ".join(sp) + " |")
     if suspect:
-        lines += ["", f"(eager): {suspect} rows of runs before 2026-12-04 21:50Z, whose torch.compile peer ran within "
-                  "5 % of torch eager: its compiled function had passed torch._dynamo's recompile limit and fell back "
-                  "to eager (the benchmark now resets dynamo per op and shape); their torch.compile ratio is left out "
-                  "until they are measured again."]
+        lines += ["", f"(eager): {suspect} rows of runs before 2026-12-04 21:50Z whose torch.compile time is within 5 % "
+                  "of torch eager's. In those runs a compiled peer function serving more than 8 shapes fell back to "
+                  "eager at torch._dynamo's recompile limit, and such rows cannot be told apart from a compiled kernel "
+                  "that is merely no faster than eager; their torch.compile ratio is left out until they are measured "
+                  "again (the benchmark now resets dynamo per op and shape)."]
     if gemm:
         lines += ["", "FP8 GEMM (E4M3 x E4M3, TN), TFLOP/s = 2MNK / time; speedup = peer time / fusedkit time, same "
                   "run (cuBLASLt through torch._scaled_mm in the same accumulation mode).", "",
