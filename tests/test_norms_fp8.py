@@ -241,13 +241,15 @@ def test_fp8_misaligned_views_and_device_scale(backend):
 
 @pytest.mark.parametrize("backend", backend_params(GPU))
 @pytest.mark.parametrize("grid", [1, 3, 7, "one_group"])
-@pytest.mark.parametrize("N", [7, 781, 1024, 4096])
+@pytest.mark.parametrize("N", [7, 781, 1024, 4096, 8192, 14336])
 @pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
 def test_fp8_grid_stride(backend, grid, N, rms, monkeypatch):
     """The register forward walks row groups grid-stride: a grid much smaller than the groups (several
     groups per block, the amax merged once per block, rows of the last group missing) gives the same
     bytes, scale_inv and amax as the CPU reference, and the statistics of every row. "one_group": the
-    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp)."""
+    non-persistent kernel (FWD_FP8_WAVES = None: one row group per block, the amax merged per warp).
+    N = 8192 and 14336: LayerNorm's blocks prefetch their next row group into L2 (PREFETCH, groups of
+    16 KB or more), which only happens with several groups per block."""
     from fusedkit.backends import cuda_norms
     if grid == "one_group":
         monkeypatch.setattr(cuda_norms, "FWD_FP8_WAVES", None)
