@@ -364,7 +364,8 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
           for (int k = 1; k < AHEAD; ++k)
             if (g + k * (int)gridDim.x < groups) prefetch_rows((long long)(g + k * gridDim.x) * RPB);
       }
-      if (tid == 0 && g + AHEAD * (int)gridDim.x < groups) prefetch_rows((long long)(g + AHEAD * gridDim.x) * RPB);
+      if (tid == 0 && g + AHEAD * (int)gridDim.x < groups)
+        prefetch_rows((long long)(g + AHEAD * gridDim.x) * RPB);
     }
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];

@@ -493,13 +493,13 @@ def run_gpu(args):
     prog = _progress(len(work), "bench")
     for (M, N, op, impls) in work:
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
-        # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
-        # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
         # a fresh torch.compile for every (op, shape): one peer function compiled for more shapes than
         # torch._dynamo's recompile limit (8) falls back to eager without an error (runs before
         # 2026-12-04 21:50Z compared some rows against eager under the torch.compile name)
         _reset_dynamo(torch)
         fns = impls(torch, op, M, N, dtype)
+        # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
+        # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
         times = {impl: [] for impl in fns}
         for _ in range(args.rounds):
             for impl, fn in fns.items():

@@ -5,21 +5,22 @@ always included); between variants the in-memory kernel and launcher caches are 
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
 the benchmark's three shapes, the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
-at the three shapes, the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 and the plain RMSNorm
-forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others' defines), bf16 inputs as the benchmark's,
-AB_ROUNDS (3) interleaved rounds, each op as a fraction of a copy timed in the same round; checks that every
-variant's output bytes equal the shipped build's. Writes JSON to argv[1].
+at the three shapes, the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 and the plain
+RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others'
+defines), bf16 inputs as the benchmark's, AB_ROUNDS (3) interleaved rounds, each op as a fraction of a
+copy timed in the same round; checks that every variant's output bytes equal the shipped build's.
+Writes JSON to argv[1].
 
-    AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=1" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
+    AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=0" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
-    AB_PEERS=1 ...   (torch.compile of the plain norm forwards timed in the same rounds)
+    AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
 2059Z: their norm rows compare the shipped build with itself); _jit.clear_memory_cache now empties every
-plan cache. Run 2026-12-04 (ab_ct_order_store_2026-12-04T1913Z.json): two cast-transpose experiments (blocks down the
-rows first; evict-first stores) lost 2-6 % in every round and were removed. The first rounds of a freshly
-started machine ran slow for every variant: read the last round, or add rounds.
+plan cache. Run 2026-12-04 (ab_ct_order_store_2026-12-04T1913Z.json): two cast-transpose experiments
+(blocks down the rows first; evict-first stores) lost 2-6 % in every round and were removed. The first
+rounds of a freshly started machine ran slow for every variant: read the last round, or add rounds.
 """
 import json
 import os
@@ -29,7 +30,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _jit
-from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import FP8_SHAPES, GpuTimer, _impls, copy_gbps, norm_fp8_inputs
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 
@@ -62,28 +63,23 @@ def cases():
 
 
 def peers(cs):
-    """AB_PEERS=1: torch.compile of the plain norm forwards among the cases, timed once per round beside
-    the variants (a same-process ratio against the peer the issues name). Each gets its own compiled
-    function; the recompile limit is raised so none of them falls back to eager."""
+    """AB_PEERS=1: the benchmark's torch.compile peer (bench._impls) of the plain norm forwards among the
+    cases, timed once per round beside the variants: a same-process ratio against the peer the issues
+    name. The recompile limit is raised so no case's compile falls back to eager."""
     if os.environ.get("AB_PEERS") != "1":
         return []
     import torch._dynamo
     torch._dynamo.config.recompile_limit = 64
-    F = torch.nn.functional
     out = []
     for name, nbytes, _ in cs:
         op, shape = name.split()
         if op not in ("layer_norm_fwd", "rms_norm_fwd"):
             continue
         M, N = (int(v) for v in shape.split("x"))
-        xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
-        if op == "rms_norm_fwd":
-            fn = torch.compile(lambda x_, w_, n=N: F.rms_norm(x_, (n,), w_, 1e-6), dynamic=False)
-            out.append((name, nbytes, lambda fn=fn, xn=xn, w=w: fn(xn, w)))
-        else:
-            fn = torch.compile(lambda x_, w_, b_, n=N: F.layer_norm(x_, (n,), w_, b_, 1e-5), dynamic=False)
-            out.append((name, nbytes, lambda fn=fn, xn=xn, w=w, b=b: fn(xn, w, b)))
-        out[-1][2]()  # compile now, outside the timed rounds
+        fn = _impls(torch, op, M, N, torch.bfloat16).get("torch_compile")
+        if fn is not None:
+            fn()  # compile now, outside the timed rounds
+            out.append((name, nbytes, fn))
     return out
 
 

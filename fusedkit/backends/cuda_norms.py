@@ -220,9 +220,12 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w, N=None) -> str:
         vec, items, warps = cfg[1:4]
         # the occupancy hint, measured with 16-bit weights and output (fp32 ones spill under its cap);
         # the kernel's default is 1
-        hint = len(cfg) > 4 and cfg[4] > 1 and ITEMSIZE[w_dt] == 2 and ITEMSIZE[o_dt] == 2
-        full = full_rows(cfg, N, x_dt, w_dt) and not (len(cfg) > 4 and cfg[4] > 1)
-        tail = ", 1, true" if full else (f", {cfg[4]}" if hint else "")
+        hinted = len(cfg) > 4 and cfg[4] > 1
+        hint = hinted and ITEMSIZE[w_dt] == 2 and ITEMSIZE[o_dt] == 2
+        if full_rows(cfg, N, x_dt, w_dt) and not hinted:
+            tail = ", 1, true"  # MIN_BLOCKS = 1, FULL
+        else:
+            tail = f", {cfg[4]}" if hint else ""
         return (f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}, "
                 f"{_b(plain_w)}{tail}>")
     return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
@@ -243,8 +246,10 @@ def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, N=None)
         group_bytes = rows_per_block(warps) * (N or 0) * ITEMSIZE[x_dt]
         prefetch = (persistent and not rms and ITEMSIZE[w_dt] == 2 and _row_bytes(cfg, x_dt) <= 80
                     and group_bytes >= 16384)
-        tail = f", {_b(persistent)}, {_b(full)}, {_b(prefetch)}" if full or prefetch else (
-            "" if persistent else ", false")
+        if full or prefetch:
+            tail = f", {_b(persistent)}, {_b(full)}, {_b(prefetch)}"
+        else:
+            tail = "" if persistent else ", false"
         return (f"fk::norm_fwd_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {vec}, {items}, {warps}, {_b(rms)}, "
                 f"{_b(plain_w)}{tail}>")
     return f"fk::norm_fwd_looped_fp8<{CXX[x_dt]}, {CXX[w_dt]}, {f}, {cfg[1]}, {_b(rms)}>"
@@ -402,8 +407,7 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
-        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w,
-                                                   persistent)
+        plan = _fwd_fp8_plans[key] = _fwd_fp8_plan(*key)
     fn, block, rpb, fit = plan
     grid = -(-M // rpb)
     if fit is not None:  # the register kernel
