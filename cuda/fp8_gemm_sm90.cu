@@ -2,7 +2,7 @@
 // FP8 bytes, both K-major ("TN", the only layout Hopper's FP8 tensor-core instructions read from shared
 // memory, and cuBLASLt's FP8 layout), fp32 accumulation, a fused epilogue (issue 5).
 //
-// Algorithm (one kernel, fp8_gemm_sm90<TA, TB, BN, MODE, OUT, STAGES>):
+// Algorithm (one kernel, fp8_gemm_sm90<TA, TB, BN, MODE, OUT, STAGES, CLUSTER, STORE>):
 //   * Persistent tile scheduler: a grid of min(tiles, SMs) CTAs (one per SM: the stage ring takes ~200 KB
 //     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
 //     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
@@ -44,7 +44,7 @@
 //     128 x 128 when 256-wide tiles would leave SMs idle), SPLIT / BLOCK 128 x 128 (3 x 64, within the
 //     consumers' setmaxnreg 232). ptxas (CUDA 13.0, sm_90a): 168 registers at entry (the
 //     __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
-//   * Epilogue (registers -> global, no shared memory): thread (warp w of its warpgroup, lane l) holds rows
+//   * Epilogue (STORE = GEMM_STORE_DIRECT: registers -> global): thread (warp w of its warpgroup, lane l) holds rows
 //     16 w + l / 4 and + 8 of its warpgroup's 64, columns 8 j + 2 (l % 4) + {0, 1} of every 8-column
 //     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8).
 //     v = alpha * acc (alpha = scale_inv_a * scale_inv_b read from device pointers; 1 in BLOCK mode,
@@ -55,6 +55,16 @@
 //     *amax with an atomicMax on the float bits (also for bf16 / fp32 outputs when amax is not null).
 //     The epilogue uses explicit __fmul_rn / __fadd_rn so every output type of one configuration sees the
 //     same fp32 v (the tests check the FP8 output against the fp32 output cast on the CPU, byte for byte).
+//   * Staged output stores (STORE = GEMM_STORE_STAGED / _WHOLE, bf16 and FP8 outputs): the same v goes into
+//     a per-warpgroup shared-memory stage laid out as TMA's 128-byte-swizzled boxes (64 rows x 128 bytes),
+//     one thread issues the tensor stores (cp.async.bulk.tensor ... bulk_group) and the warpgroup goes on
+//     to the next tile; the stage is rewritten only after the stores have read it (wait_group.read). The
+//     direct stores write 4-byte pairs scattered over 8 rows per warp instruction (half-filled 32-byte
+//     sectors) while the tensor cores idle; staged, the warpgroup spends one shared-memory write per pair
+//     and two named barriers, and the global writes go out as full lines under the next main loop.
+//     Expected (not yet measured): +3-5 % at K = 4096 in fast mode, where the epilogue is the largest
+//     share of a tile. Output stage per warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab
+//     (WHOLE: 32 KB for bf16 at BN = 256, so the ring holds 3 stages instead of 4).
 // Bytes moved: M K + N K (each operand read once per tile row / column: (N / BN) M K + (M / 128) N K from
 //   L2, the grouped walk keeps most of it there) + M N x out size (+ M N x out size for accumulate_into).
 //   FLOPs 2 M N K: compute-bound for M, N, K >= 1024.
@@ -73,10 +83,8 @@
 //     once per pair. A stage's "empty" barrier then counts the consumer warps of both CTAs (each warp
 //     arrives on its own and the peer's barrier through mapa), and the CTAs meet at cluster barriers after
 //     the barrier init and before exit.
-// Variants considered: an smem-staged TMA-store epilogue (stmatrix + cp.async.bulk.tensor store) would
-//   write whole lines; left for after the first H200 measurements (the persistent producer already
-//   prefetches the next tile's stages while the consumers run the epilogue). BN = 256 with promotion does not fit the register file (256
-//   accumulators per thread).
+// Variants considered: BN = 256 with promotion does not fit the register file (256 accumulators per
+//   thread).
 #include "common/dtypes.cuh"
 #include "common/fp8.cuh"
 #include "common/act.cuh"
@@ -144,9 +152,30 @@ constexpr int kGemmGroupM = 8;    // tile-rows per group of the tile walk
 constexpr int kGemmConsumerWarps = 8;
 
 // Output types: float and bf16 are stored as such; the FP8 tags of common/fp8.cuh (E4M3, E5M2) as bytes.
-template <typename T> struct GemmOut { using store_t = T; static constexpr bool fp8 = false; };
-template <> struct GemmOut<E4M3> { using store_t = unsigned char; static constexpr bool fp8 = true; };
-template <> struct GemmOut<E5M2> { using store_t = unsigned char; static constexpr bool fp8 = true; };
+template <typename T> struct GemmOut {
+  using store_t = T;
+  static constexpr bool fp8 = false;
+  static constexpr int bytes = sizeof(T);
+};
+template <> struct GemmOut<E4M3> { using store_t = unsigned char; static constexpr bool fp8 = true; static constexpr int bytes = 1; };
+template <> struct GemmOut<E5M2> { using store_t = unsigned char; static constexpr bool fp8 = true; static constexpr int bytes = 1; };
+
+// Output stores (STORE): GEMM_STORE_DIRECT (0) each thread stores its column pairs to global memory;
+// GEMM_STORE_STAGED (1) through shared memory and TMA tensor stores, at most 16 KB per warpgroup at a
+// time (a 64 x 256 bf16 half-tile goes in two rounds); GEMM_STORE_STAGED_WHOLE (2) the warpgroup's whole
+// 64 x BN slab in one round (32 KB for bf16 at BN = 256, one pipeline stage fewer). Staged stores take
+// bf16 and FP8 outputs (a fp32 tile would need 64 KB per warpgroup).
+enum GemmStore : int { GEMM_STORE_DIRECT = 0, GEMM_STORE_STAGED = 1, GEMM_STORE_STAGED_WHOLE = 2 };
+constexpr unsigned kGemmStageOutMax = 16384;   // bytes per warpgroup and round for GEMM_STORE_STAGED
+
+template <typename OUT, int BN, int STORE> struct GemmStaging {
+  static constexpr unsigned slab = 64u * BN * GemmOut<OUT>::bytes;            // a warpgroup's 64 rows
+  static constexpr int rounds = STORE == GEMM_STORE_STAGED && slab > kGemmStageOutMax ? slab / kGemmStageOutMax : 1;
+  static constexpr unsigned wg_bytes = STORE == GEMM_STORE_DIRECT ? 0 : slab / rounds;  // per round
+  static constexpr int cols = BN / rounds;                                    // columns per round
+  static constexpr int box_cols = 128 / GemmOut<OUT>::bytes;                  // one 128-byte swizzle row
+  static constexpr int boxes = cols / box_cols;                               // TMA stores per round
+};
 
 // ----------------------------------------------------------------------------------------------------
 // sm_90a primitives
@@ -230,6 +259,43 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
 #endif
+}
+
+// 2-D tile store shared -> global through a tensor map (bulk async-group: completion through
+// cp.async.bulk.commit_group / wait_group; elements outside the tensor are not written).
+__device__ __forceinline__ void tma_store_2d(const TmaMap* map, unsigned src, int c0, int c1) {
+#if FK_GEMM_SM90A
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(src), "r"(c0), "r"(c1) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_commit() {
+#if FK_GEMM_SM90A
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+
+// The committed bulk groups of this thread have finished reading shared memory (READ_ONLY) or have
+// completed altogether.
+template <bool READ_ONLY>
+__device__ __forceinline__ void bulk_wait_all() {
+#if FK_GEMM_SM90A
+  if constexpr (READ_ONLY) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+// This thread's generic-proxy shared-memory writes become visible to the async proxy (TMA stores).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if FK_GEMM_SM90A
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// Barrier `id` (1 + consumer warpgroup; 0 is __syncthreads) over the `count` threads that reach it.
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
@@ -380,14 +446,14 @@ __device__ __forceinline__ float2 gemm_load_pair(const void* base, size_t idx) {
 }
 
 // The epilogue of one tile, on the thread's finished fp32 accumulators x (wgmma layout: x[4 j + 2 h + e]
-// is row r0 + 8 h, column c0 + 8 j + e). Each option is a separate pass over all of x, with its run-time
-// test outside the pass: a test inside one fused loop made the compiler unswitch the loop into a copy
-// per option combination (some 40 copies of the store code; a minute of ptxas per kernel).
+// is row r0 + 8 h, column c0 + 8 j + e): v = act(alpha x + C + bias) in place, then one of the stores
+// below. Each option is a separate pass over all of x, with its run-time test outside the pass: a test
+// inside one fused loop made the compiler unswitch the loop into a copy per option combination (some 40
+// copies of the store code; a minute of ptxas per kernel).
 template <typename OUT, int BN>
-__device__ __forceinline__ void gemm_epilogue(float (&x)[BN / 2], void* out, const void* bias, float* amax,
-                                              float alpha, float oscale, int r0, int c0, int M, int N,
-                                              int bias_kind, int act, int accumulate) {
-  using store_t = typename GemmOut<OUT>::store_t;
+__device__ __forceinline__ void gemm_epilogue_math(float (&x)[BN / 2], const void* out, const void* bias,
+                                                   float alpha, int r0, int c0, int M, int N, int bias_kind,
+                                                   int act, int accumulate) {
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) x[i] = __fmul_rn(x[i], alpha);
   if constexpr (!GemmOut<OUT>::fp8) {
@@ -447,6 +513,14 @@ __device__ __forceinline__ void gemm_epilogue(float (&x)[BN / 2], void* out, con
     default:
       break;
   }
+}
+
+// Direct stores: each thread writes its column pairs (8 B fp32, 4 B bf16, 2 B FP8) of the valid rows and
+// columns, and merges amax(|v|) of them per warp into *amax (when not null).
+template <typename OUT, int BN>
+__device__ __forceinline__ void gemm_store_direct(const float (&x)[BN / 2], void* out, float* amax, float oscale,
+                                                  int r0, int c0, int M, int N) {
+  using store_t = typename GemmOut<OUT>::store_t;
   float am = 0.f;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
@@ -477,20 +551,91 @@ __device__ __forceinline__ void gemm_epilogue(float (&x)[BN / 2], void* out, con
   }
 }
 
+// amax(|v|) of the valid elements, merged per warp into *amax (staged stores; direct stores merge it in
+// their loop).
+template <int BN>
+__device__ __forceinline__ void gemm_amax(const float (&x)[BN / 2], float* amax, int r0, int c0, int M, int N) {
+  float am = 0.f;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (c0 + 8 * j < N && r0 + 8 * h < M)
+        am = fmaxf(am, fmaxf(fabsf(x[4 * j + 2 * h]), fabsf(x[4 * j + 2 * h + 1])));
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+  if ((threadIdx.x & 31) == 0 && am > 0.f) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(am));
+}
+
+// Staged stores of one warpgroup's 64 x BN slab (rows row0 .., columns col0 ..): per round, the values go
+// into `stage` (GemmStaging::wg_bytes of shared memory, 1024-byte aligned) as 64-row boxes of 128 bytes per
+// row with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8): the 8 rows a warp writes
+// at once then fall in different banks), then one thread of the warpgroup issues a TMA store per box and
+// commits them as one bulk group. Before a round overwrites the stage, that thread waits until the
+// previous group has read it (wait_group.read) and the warpgroup meets at its named barrier; nothing
+// waits for the global writes, which drain while the next tile's main loop runs. Rows past M and columns
+// past N are clipped by the tensor map.
+template <typename OUT, int BN, int STORE>
+__device__ __forceinline__ void gemm_store_staged(const float (&x)[BN / 2], const TmaMap* map, unsigned stage,
+                                                  float oscale, int wg, int row0, int col0) {
+  using S = GemmStaging<OUT, BN, STORE>;
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+  const bool issuer = t == 0;
+#pragma unroll
+  for (int q = 0; q < S::rounds; ++q) {
+    if (issuer) bulk_wait_all<true>();
+    named_barrier(1 + wg, 128);
+#pragma unroll
+    for (int jj = 0; jj < S::cols / 8; ++jj) {
+      const int j = q * (S::cols / 8) + jj;             // 8-column group of the tile
+      const int box = jj / (S::box_cols / 8);           // its 128-byte box of this round
+      const int byte = (jj % (S::box_cols / 8)) * 8 * GemmOut<OUT>::bytes + 2 * (lane & 3) * GemmOut<OUT>::bytes;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
+        const unsigned addr = stage + box * (64 * 128) + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
+        const float x0 = x[4 * j + 2 * h], x1 = x[4 * j + 2 * h + 1];
+        if constexpr (GemmOut<OUT>::fp8) {
+          const unsigned short v = fp8x2_from_float<OUT>(__fmul_rn(x0, oscale), __fmul_rn(x1, oscale));
+          asm volatile("st.shared.u16 [%0], %1;" :: "r"(addr), "h"(v) : "memory");
+        } else {
+          const unsigned v = from_float<bf16>(x0).bits | ((unsigned)from_float<bf16>(x1).bits << 16);
+          asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+        }
+      }
+    }
+    fence_proxy_async_smem();
+    named_barrier(1 + wg, 128);
+    if (issuer) {
+#pragma unroll
+      for (int b = 0; b < S::boxes; ++b)
+        tma_store_2d(map, stage + b * (64 * 128), col0 + q * S::cols + b * S::box_cols, row0);
+      bulk_commit();
+    }
+  }
+}
+
+
 // ----------------------------------------------------------------------------------------------------
-// The kernel. Dynamic shared memory: 1024 (alignment slack) + STAGES x (128 + BN) x 128 + 2 x STAGES x 8.
+// The kernel. Dynamic shared memory: 1024 (alignment slack) + STAGES x (128 + BN) x 128
+//   + 2 x GemmStaging::wg_bytes (staged stores) + 2 x STAGES x 8.
+//   tma_d: the output's tensor map for staged stores (unused, any bytes, with direct stores).
 //   scale_a / scale_b: per-tensor (1 fp32 each) or, in BLOCK mode, the (M, ceil(K/128)) and
 //   (ceil(N/128), ceil(K/128)) fp32 scale_inv arrays. out_scale: FP8 outputs only. amax: null or a
 //   zeroed fp32 (atomicMax). bias: null or N values of bias_kind. accumulate: C += (out read in place).
-template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES, int CLUSTER>
+template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES, int CLUSTER, int STORE>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b, void* out,
+fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b,
+              const __grid_constant__ TmaMap tma_d, void* out,
               const void* bias, const float* scale_a, const float* scale_b, const float* out_scale,
               float* amax, int M, int N, int K, int bias_kind, int act, int accumulate) {
 #if FK_GEMM_SM90A
   static_assert(BN == 128 || BN == 256, "tile width");
   static_assert(MODE == GEMM_FAST || BN == 128, "promoted accumulation needs BN = 128 (registers)");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 CTAs along M");
+  static_assert(STORE == GEMM_STORE_DIRECT || GemmOut<OUT>::bytes <= 2, "staged stores: bf16 and FP8 outputs");
   constexpr int NR = BN / 2;                         // wgmma accumulators per thread
   constexpr int NF = MODE == GEMM_FAST ? 1 : NR;     // promoted accumulators per thread
   constexpr unsigned A_BYTES = kGemmBM * kGemmBK, B_BYTES = BN * kGemmBK;
@@ -499,7 +644,9 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
   extern __shared__ unsigned char gemm_smem_raw[];
   const unsigned raw = gemm_smem_u32(gemm_smem_raw);
   const unsigned base = (raw + 1023u) & ~1023u;      // swizzle atoms need 1024-byte aligned stages
-  const unsigned bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
+  constexpr unsigned OUT_STAGE = GemmStaging<OUT, BN, STORE>::wg_bytes;   // per consumer warpgroup
+  const unsigned out_stage = base + STAGES * STAGE_BYTES;                  // 1024-aligned, then 2 x OUT_STAGE
+  const unsigned bars = out_stage + 2 * OUT_STAGE;  // full[STAGES], then empty[STAGES]
   auto full_bar = [&](int s) { return bars + 8u * s; };
   auto empty_bar = [&](int s) { return bars + 8u * (STAGES + s); };
   auto stage_a = [&](int s) { return base + s * STAGE_BYTES; };
@@ -519,6 +666,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
   if (threadIdx.x == 0) {
     tma_prefetch_map(&tma_a);
     tma_prefetch_map(&tma_b);
+    if constexpr (STORE != GEMM_STORE_DIRECT) tma_prefetch_map(&tma_d);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar(s), 1);
       mbar_init(empty_bar(s), kGemmConsumerWarps * CLUSTER);
@@ -644,13 +792,23 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
       }
 
       // ---------------------------------------------------------------- epilogue
-      if constexpr (MODE == GEMM_FAST) {
-        gemm_epilogue<OUT, BN>(acc, out, bias, amax, alpha, oscale, r0, tn * BN + 2 * (lane & 3), M, N,
-                               bias_kind, act, accumulate);
-      } else {
-        gemm_epilogue<OUT, BN>(fin, out, bias, amax, alpha, oscale, r0, tn * BN + 2 * (lane & 3), M, N,
-                               bias_kind, act, accumulate);
-      }
+      const int c0 = tn * BN + 2 * (lane & 3);
+      auto epilogue = [&](float (&x)[NR]) {           // x: the tile's finished accumulators
+        gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
+        if constexpr (STORE == GEMM_STORE_DIRECT) {
+          gemm_store_direct<OUT, BN>(x, out, amax, oscale, r0, c0, M, N);
+        } else {
+          if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
+          gemm_store_staged<OUT, BN, STORE>(x, &tma_d, out_stage + cw * OUT_STAGE, oscale, cw,
+                                            tm * kGemmBM + 64 * cw, tn * BN);
+        }
+      };
+      if constexpr (MODE == GEMM_FAST) epilogue(acc);
+      else epilogue(fin);
+    }
+    // The last staged stores have read shared memory before the block's shared memory is released.
+    if constexpr (STORE != GEMM_STORE_DIRECT) {
+      if ((threadIdx.x & 127) == 0) bulk_wait_all<false>();
     }
   }
   if constexpr (CLUSTER > 1) {  // no CTA leaves while a peer may still multicast into it or arrive on it

@@ -236,19 +236,36 @@ def test_registry_entry():
     assert op.reference is ref.fp8_gemm
     exprs = _registry.all_expressions()["fp8_gemm_sm90.cu"]
     from fusedkit.backends import cuda_gemm
-    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(cuda_gemm.OUT_CXX) * len(cuda_gemm.VARIANTS)
+    built = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.VARIANTS
+             for out in cuda_gemm.variant_outputs(bn, store)}
+    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built)
+    assert {o for *_, o in built} == set(cuda_gemm.OUT_CXX)
+    assert ("fast", 256, 1, "whole", "bfloat16") in built and ("fast", 256, 1, "whole", "e4m3") not in built
+    assert not any(store != "direct" and out == "float32" for *_, store, out in built)
     assert cuda_gemm.config(4096, 4096, "fast")[:2] == (256, 4)
     assert cuda_gemm.config(4096, 4096, "split")[:2] == (128, 6)
     assert cuda_gemm.config(256, 256, "fast")[:2] == (128, 6)  # too few 256-wide tiles for 132 SMs
     for M, N, mode in ((4096, 4096, "fast"), (4096, 4096, "split"), (256, 256, "block")):  # built variants
-        bn, _, cluster = cuda_gemm.config(M, N, mode)
-        assert (mode, bn, cluster) in cuda_gemm.VARIANTS
+        for out in cuda_gemm.OUT_CXX:
+            bn, stages, cluster, store = cuda_gemm.config(M, N, mode, out=out)
+            assert (mode, bn, cluster, store, out) in built
+            assert cuda_gemm.expr("e4m3", "e4m3", bn, mode, out, stages, cluster, store) in exprs
     with cuda_gemm.forced_tiles(fast=(256, 2)):
-        assert cuda_gemm.config(256, 256, "fast") == (256, 4, 2)
-        assert cuda_gemm.config(256, 256, "split") == (128, 6, 1)
-    assert cuda_gemm.config(256, 256, "fast") == (128, 6, 1)   # the table again
-    for bn, st in ((128, 6), (256, 4)):
-        assert cuda_gemm.smem_bytes(bn, st) <= 232448  # the H200's opt-in limit per block
+        assert cuda_gemm.config(256, 256, "fast") == (256, 4, 2, "direct")
+        assert cuda_gemm.config(256, 256, "split") == (128, 6, 1, "direct")
+    with cuda_gemm.forced_tiles(fast=(256, 1, "whole"), split=(128, 1, "staged")):
+        assert cuda_gemm.config(256, 256, "fast") == (256, 3, 1, "whole")       # 64 KB of output stages
+        assert cuda_gemm.config(256, 256, "fast", out="e4m3") == (256, 4, 1, "staged")  # one round anyway
+        assert cuda_gemm.config(256, 256, "fast", out="float32") == (256, 4, 1, "direct")
+        assert cuda_gemm.config(256, 256, "split") == (128, 6, 1, "staged")
+    assert cuda_gemm.config(256, 256, "fast") == (128, 6, 1, "direct")   # the table again
+    for mode, bn, cluster, store in cuda_gemm.VARIANTS:
+        for out in cuda_gemm.variant_outputs(bn, store):
+            st = cuda_gemm.stages_for(bn, out, store)
+            assert st >= 3 and cuda_gemm.smem_bytes(bn, st, out, store) <= 232448  # the H200's opt-in limit
+    assert cuda_gemm.out_stage_bytes(256, "bfloat16", "staged") == 16384     # two rounds of 64 x 128
+    assert cuda_gemm.out_stage_bytes(256, "bfloat16", "whole") == 32768
+    assert cuda_gemm.out_stage_bytes(128, "e5m2", "staged") == 8192
 
 
 def test_tensor_map_enum_values_match_cuda_bindings():
@@ -385,6 +402,44 @@ def test_gpu_cluster_multicast(scaling, shape):
     with cuda_gemm.forced_tiles(fast=(256, 1)):
         v_plain = to_numpy(_run("cupy", a, b, out_dtype="float32", **kw))
     np.testing.assert_array_equal(v32, v_plain)  # the same tiles without the cluster: the same bits
+
+
+STAGED_TILES = [("fast", 256, "staged"), ("fast", 256, "whole"), ("fast", 128, "staged"), ("split", 128, "staged"),
+                ("block", 128, "staged")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,bn,store", STAGED_TILES, ids=str)
+@pytest.mark.parametrize("shape", [(144, 272, 208), (272, 400, 384), (4224, 4112, 256)], ids=str)
+def test_gpu_staged_stores_equal_direct(mode, bn, store, shape):
+    """Output stores through shared memory and TMA (staged, in rounds or whole) write the same bits as the
+    direct stores of the same tiles: bf16 with bias + GeLU, bf16 accumulate_into, FP8 bytes and amax; the
+    shapes cut tiles in M and N and give several tiles per CTA (4224 x 4112)."""
+    pytest.importorskip("torch")
+    from fusedkit.backends import cuda_gemm
+    M, N, K = shape
+    rng = rng_for("staged", mode, bn, store, shape)
+    a, b = host_operands(rng, M, N, K, scaling="block" if mode == "block" else "tensor")
+    bias = to_backend(rng.standard_normal(N).astype(np.float32), "torch")
+    c0 = rng.standard_normal((M, N)).astype(np.float32).astype(fk._dtypes.numpy_dtype("bfloat16"))
+    kw = dict(bias=bias, activation="gelu", use_split_accumulator=mode != "fast")
+
+    def outputs():
+        y = _run("torch", a, b, **kw)
+        acc = to_backend(c0, "torch")
+        _run("torch", a, b, accumulate_into=acc, use_split_accumulator=mode != "fast")
+        f8 = [_run("torch", a, b, out_dtype=f, out_scale=0.37, **kw) for f in ("e4m3", "e5m2")]
+        return [to_numpy(y).view(np.uint16), to_numpy(acc).view(np.uint16)] + [
+            v for t in f8 for v in (to_numpy(t.data), to_numpy(t.amax))]
+
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1)}):
+        direct = outputs()
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, store)}):
+        staged = outputs()
+    for d, t in zip(direct, staged):
+        np.testing.assert_array_equal(t, d)
+    want = ref.fp8_gemm(a, b, out_dtype="float32", bias=to_numpy(bias), activation="gelu")
+    assert rel_err(staged[0].view(fk._dtypes.numpy_dtype("bfloat16")).astype(np.float32), want) < 1e-2
 
 
 @pytest.mark.parametrize("backend", GPU)

@@ -21,8 +21,9 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
   quantize        the delayed quantize at 32768 x 4096 (0.90-0.91: the same reads, one output stream)
   ct_dbias        cast_transpose_dbias at 16384 x 8192 (0.34; 0.76-0.79 at the other shapes)
   dact            dact_cast_transpose (GeLU) at 32768 x 4096 (0.70)
-  gemm            FP8 GEMM 8192^3, fast then split accumulation (0.89x / 0.73x cuBLASLt): tensor pipe
-                  and L2 throughput (ncu --section ComputeWorkloadAnalysis adds the pipe utilisation)
+  gemm            FP8 GEMM 4096^3, fast then split accumulation, direct and staged output stores, then
+                  cuBLASLt in both modes (0.80x / 0.83x cuBLASLt): tensor pipe, shared memory and L2
+                  (NCU_SECTIONS="--section ComputeWorkloadAnalysis" adds the pipe utilisation)
 Each case runs its op twice (the first call compiles and plans), so `-c` should allow 2 per kernel.
 """
 import sys
@@ -161,12 +162,23 @@ def case_dact():
 
 
 def case_gemm():
-    x, w = bf16((8192, 8192), 0.0, 1.0), bf16((8192, 8192), 0.0, 1.0, 1)
-    a, b = fk.quantize(x, fmt="e4m3"), fk.quantize(w, fmt="e4m3")
+    """FP8 GEMM at 4096^3 (fast accumulation 0.80x cuBLASLt, split 0.83x): ours with direct and with
+    staged output stores, and cuBLASLt (NCU_KERNELS="fp8_gemm|sm90_xmma|cutlass|gemm", NCU_SECTIONS=
+    "--section ComputeWorkloadAnalysis" for the tensor pipe)."""
+    import torch
+    from fusedkit.backends import cuda_gemm
+    from fusedkit.bench import _gemm_impls
+    impls = _gemm_impls(torch, 4096, 4096, 4096)
+    ours = {m: impls[op]["fusedkit"] for m, op in (("fast", "fp8_gemm_fast"), ("split", "fp8_gemm"))}
+    lt = [impls["fp8_gemm_fast"]["cublaslt"], impls["fp8_gemm"]["cublaslt"]]
 
     def run():
-        fk.fp8_gemm(a, b, use_split_accumulator=False)
-        fk.fp8_gemm(a, b, use_split_accumulator=True)
+        for mode, fn in ours.items():
+            for store in ("direct", "staged"):
+                with cuda_gemm.forced_tiles(**{mode: (256 if mode == "fast" else 128, 1, store)}):
+                    fn()
+        for fn in lt:
+            fn()
     return run
 
 

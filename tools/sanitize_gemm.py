@@ -1,6 +1,7 @@
 """Small FP8 GEMM calls covering every path of cuda/fp8_gemm_sm90.cu (fast / split / block accumulation,
 128- and 256-wide tiles, tile edges in M, N and K, more tiles than SMs, every output type, bias,
-activation, accumulate_into, FP8 output with amax) and the fallback, for compute-sanitizer:
+activation, accumulate_into, FP8 output with amax, direct and staged output stores) and the fallback,
+for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_gemm.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_gemm.py --small
@@ -98,6 +99,44 @@ for (M, N, K) in [] if os.environ.get("FK_NO_CLUSTER") else [(144, 272, 208), (2
         e = rel(got.get(), ref.fp8_gemm(ha, hb, out_dtype="float32"))
         check(f"cluster 2 {mode} {(M, N, K)}: rel err {e:.2e}", e < (1e-2 if mode == "fast" else 1e-3))
         n_calls += 1
+# staged stores (shared memory + TMA stores), forced: FP8 outputs (and bf16 through torch, CuPy has no
+# bf16) equal the direct stores' bytes (tile edges in M and N, several tiles per CTA, two rounds per slab
+# at BN = 256)
+try:
+    import torch
+    has_torch = torch.cuda.is_available()
+except ImportError:
+    has_torch = False
+STAGED = {"fast": [(256, 1, "staged"), (256, 1, "whole"), (128, 1, "staged")], "split": [(128, 1, "staged")],
+          "block": [(128, 1, "staged")]}
+
+
+def staged_outputs(da, db, kw):
+    outs = [fk.fp8_gemm(da, db, out_dtype=f, out_scale=0.5, **kw) for f in ("e4m3", "e5m2")]
+    res = [(t.fmt.name, t.data.get(), t.amax.get()) for t in outs]
+    if has_torch:
+        ta, tb = (FP8Tensor(torch.as_tensor(t.data, device="cuda"), torch.as_tensor(t.scale_inv, device="cuda"),
+                            t.fmt, mode=t.mode, block=t.block) for t in (da, db))
+        y = fk.fp8_gemm(ta, tb, out_dtype="bfloat16", **{**kw, "bias": torch.as_tensor(kw["bias"], device="cuda")})
+        res.append(("bfloat16", y.view(torch.int16).cpu().numpy(), None))
+    return res
+
+
+for (M, N, K) in [(144, 272, 208), (272, 400, 384)] + ([] if small else [(4224, 4112, 256)]):
+    for mode, tiles in STAGED.items():
+        (ha, hb), (da, db) = operands(M, N, K, "e4m3", "e4m3", mode == "block")
+        bias = cupy.asarray(rng.standard_normal(N).astype(np.float32))
+        kw = dict(use_split_accumulator=mode != "fast", activation="gelu", bias=bias)
+        for bn, cluster, store in tiles:
+            with cuda_gemm.forced_tiles(**{mode: (bn, 1)}):
+                direct = staged_outputs(da, db, kw)
+            with cuda_gemm.forced_tiles(**{mode: (bn, cluster, store)}):
+                staged = staged_outputs(da, db, kw)
+            for (name, d, da_max), (_, t, ta_max) in zip(direct, staged):
+                check(f"staged {store} BN={bn} {mode} {(M, N, K)} {name} bytes", np.array_equal(d, t))
+                if da_max is not None:
+                    check(f"staged {store} BN={bn} {mode} {(M, N, K)} {name} amax", np.array_equal(da_max, ta_max))
+            n_calls += 1
 # bf16 output and bf16 bias (torch)
 try:
     import torch

@@ -1,8 +1,11 @@
 """Sweep the FP8 GEMM's tile table on the GPU: for each issue-5 shape, time fusedkit.fp8_gemm with every
-(accumulation mode, BN, cluster) variant the kernel is built for (cuda_gemm.VARIANTS), next to cuBLASLt
-(torch._scaled_mm) in the same mode.
+(accumulation mode, BN, cluster, output store) variant the kernel is built for (cuda_gemm.VARIANTS), next to
+cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 
     python3 tools/sweep_gemm.py out.json
+
+FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES="staged,whole" keeps only those output stores
+(and "direct").
 
 Prints TFLOP/s and the ratio to cuBLASLt per config and the best per (shape, mode); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_gemm.py config().
@@ -22,6 +25,7 @@ from fusedkit.bench import GEMM_WORK, GpuTimer
 def main(out_path):
     timer = GpuTimer(torch)
     flops = _registry.OPS["fp8_gemm"].flops
+    stores = os.environ.get("FK_STORES", "staged,whole").split(",")
     results = []
     for (M, K, N) in GEMM_WORK:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -34,18 +38,19 @@ def main(out_path):
             lt = timer.ms(lambda: torch._scaled_mm(a8, b8t, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                    use_fast_accum=not split))
             best = None
-            for _, bn, cluster in [v for v in cuda_gemm.VARIANTS
-                                   if v[0] == mode and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))]:
-                with cuda_gemm.forced_tiles(**{mode: (bn, cluster)}):
+            for _, bn, cluster, store in [v for v in cuda_gemm.VARIANTS if v[0] == mode
+                                          and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))
+                                          and (v[3] == "direct" or v[3] in stores)]:
+                with cuda_gemm.forced_tiles(**{mode: (bn, cluster, store)}):
                     ms = timer.ms(lambda: fk.fp8_gemm(a, b, use_split_accumulator=split))
-                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "ms": ms,
+                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "store": store, "ms": ms,
                      "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
                 results.append(r)
-                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster}: {r['TFLOPs']:6.0f} TFLOP/s  "
+                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster} {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  "
                       f"{r['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
                 if best is None or ms < best["ms"]:
                     best = r
-            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} "
+            print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} store={best['store']} "
                   f"{best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)

@@ -12,6 +12,10 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
     BN = 128 (6 stages): three fp32 accumulator sets per thread leave no room for BN = 256.
   * CLUSTER = 1: two-CTA clusters sharing B by TMA multicast are built and tested but ran slower at
     every issue-5 shape on the H200 (benchmarks/results/sweep_gemm_2026-12-03T0814Z.json).
+  * STORE = direct (each thread stores its column pairs). The staged stores (bf16 / FP8 outputs through
+    shared memory and TMA tensor stores that drain under the next tile's main loop; "staged" in rounds
+    of 16 KB per warpgroup, "whole" the 64 x BN slab at once with one stage fewer at BN = 256) are built
+    and tested, not yet measured on the H200: tools/sweep_gemm.py times them against direct stores.
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
@@ -31,23 +35,45 @@ FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 OUT_CXX = {"bfloat16": "fk::bf16", "float32": "float", "e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 MODES = {"fast": 0, "split": 1, "block": 2}
 STAGES = {128: 6, 256: 4}
+STORES = {"direct": 0, "staged": 1, "whole": 2}
+STAGE_OUT_MAX = 16384             # cuda/fp8_gemm_sm90.cu kGemmStageOutMax: bytes per warpgroup and round
+SMEM_LIMIT = 232448               # the H100 / H200 opt-in shared memory per block
+OUT_BYTES = {"bfloat16": 2, "float32": 4, "e4m3": 1, "e5m2": 1}
 BIAS_KIND = {None: 0, "float32": 1, "bfloat16": 2}
 # operand format pairs with kernels (the others run on the fallback)
 PAIRS = (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"))
 
 
-def smem_bytes(bn: int, stages: int) -> int:
-    """Dynamic shared memory of one CTA: alignment slack + the stage ring + 2 mbarriers per stage."""
-    return 1024 + stages * (BM + bn) * BK + 2 * stages * 8
+def out_stage_bytes(bn: int, out: str, store: str) -> int:
+    """Shared memory of one consumer warpgroup's output stage (the kernel's GemmStaging::wg_bytes)."""
+    if store == "direct":
+        return 0
+    slab = 64 * bn * OUT_BYTES[out]
+    return slab if store == "whole" or slab <= STAGE_OUT_MAX else STAGE_OUT_MAX
 
 
-_forced: dict | None = None  # {mode: (BN, CLUSTER)} while forced_tiles() is active
+def stages_for(bn: int, out: str = "bfloat16", store: str = "direct") -> int:
+    """The ring depth: STAGES[bn], less where the output stages would not fit beside it."""
+    st = STAGES[bn]
+    while smem_bytes(bn, st, out, store) > SMEM_LIMIT:
+        st -= 1
+    return st
+
+
+def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct") -> int:
+    """Dynamic shared memory of one CTA: alignment slack + the stage ring + the two consumer warpgroups'
+    output stages + 2 mbarriers per stage."""
+    return 1024 + stages * (BM + bn) * BK + 2 * out_stage_bytes(bn, out, store) + 2 * stages * 8
+
+
+_forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE])} while forced_tiles() is active
 
 
 @contextlib.contextmanager
 def forced_tiles(fast=(256, 1), split=(128, 1), block=(128, 1)):
-    """Within the block, every launch uses these (BN, CLUSTER) per mode instead of the tile table (tests,
-    tools/sanitize_gemm.py and tools/sweep_gemm.py reach the variants the table does not pick)."""
+    """Within the block, every launch uses these (BN, CLUSTER) or (BN, CLUSTER, STORE) per mode instead of
+    the tile table (tests, tools/sanitize_gemm.py and tools/sweep_gemm.py reach the variants the table
+    does not pick). A STORE other than "direct" applies to bf16 and FP8 outputs; fp32 stays direct."""
     global _forced
     saved, _forced = _forced, {"fast": fast, "split": split, "block": block}
     try:
@@ -56,33 +82,50 @@ def forced_tiles(fast=(256, 1), split=(128, 1), block=(128, 1)):
         _forced = saved
 
 
-def config(M: int, N: int, mode: str, sms: int = 132) -> tuple[int, int, int]:
-    """(BN, STAGES, CLUSTER) for a problem: the tile table above (tools/sweep_gemm.py times every
+def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> tuple[int, int, int, str]:
+    """(BN, STAGES, CLUSTER, STORE) for a problem: the tile table above (tools/sweep_gemm.py times every
     built variant against cuBLASLt)."""
     if _forced is not None:
-        bn, cluster = _forced[mode]
-        return bn, STAGES[bn], cluster
-    if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms:
-        return 256, STAGES[256], 1
-    return 128, STAGES[128], 1
+        bn, cluster, *rest = _forced[mode]
+        store = rest[0] if rest and OUT_BYTES[out] <= 2 else "direct"
+        if store == "whole" and 64 * bn * OUT_BYTES[out] <= STAGE_OUT_MAX:
+            store = "staged"                        # one round either way: the same kernel
+    else:
+        bn = 256 if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms else 128
+        cluster, store = 1, "direct"
+    return bn, stages_for(bn, out, store), cluster, store
 
 
-def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1) -> str:
+def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1,
+         store: str = "direct") -> str:
     return (f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}, "
-            f"{cluster}>")
+            f"{cluster}, {STORES[store]}>")
 
 
-# (mode, BN, CLUSTER) instantiated for every format pair and output type
-VARIANTS = (("fast", 256, 1), ("fast", 128, 1), ("split", 128, 1), ("block", 128, 1),
-            ("fast", 256, 2), ("split", 128, 2), ("block", 128, 2))
+# (mode, BN, CLUSTER, STORE) instantiated for every format pair and output type (staged stores: for the
+# bf16 and FP8 outputs)
+VARIANTS = (("fast", 256, 1, "direct"), ("fast", 128, 1, "direct"), ("split", 128, 1, "direct"),
+            ("block", 128, 1, "direct"), ("fast", 256, 2, "direct"), ("split", 128, 2, "direct"),
+            ("block", 128, 2, "direct"),
+            ("fast", 256, 1, "staged"), ("fast", 256, 1, "whole"), ("fast", 128, 1, "staged"),
+            ("split", 128, 1, "staged"), ("block", 128, 1, "staged"))
+
+
+def variant_outputs(bn: int, store: str) -> tuple:
+    """The output kinds a variant is built for: all with direct stores, bf16 and FP8 with staged ones,
+    and with "whole" only those whose slab takes more than one round of "staged"."""
+    if store == "direct":
+        return tuple(OUT_CXX)
+    return tuple(o for o in OUT_CXX if OUT_BYTES[o] <= 2
+                 and (store == "staged" or 64 * bn * OUT_BYTES[o] > STAGE_OUT_MAX))
 
 
 def all_expressions():
     exprs = []
     for fa, fb in PAIRS:
-        for out in OUT_CXX:
-            for mode, bn, cluster in VARIANTS:
-                exprs.append(expr(fa, fb, bn, mode, out, STAGES[bn], cluster))
+        for mode, bn, cluster, store in VARIANTS:
+            for out in variant_outputs(bn, store):
+                exprs.append(expr(fa, fb, bn, mode, out, stages_for(bn, out, store), cluster, store))
     return {FILE: exprs}
 
 
@@ -101,44 +144,59 @@ _MAP_CACHE_MAX = 256
 
 
 def tensor_map(ptr: int, rows: int, K: int, box_rows: int) -> bytes:
-    """The 128-byte CUtensorMap of a row-major (rows x K) uint8 matrix at ``ptr``, box {128 (K), box_rows},
+    """The 128-byte CUtensorMap of a row-major (rows x K) uint8 operand at ``ptr``, box {128 (K), box_rows},
     128-byte swizzle, zero fill out of bounds (memoized: it only encodes address and geometry)."""
-    key = (ptr, rows, K, box_rows)
+    return _tensor_map(ptr, rows, K, 1, BK, box_rows)
+
+
+def out_tensor_map(ptr: int, M: int, N: int, out: str) -> bytes:
+    """The CUtensorMap of the (M x N) output for staged stores: 16-bit (bf16) or 8-bit (FP8) elements, box
+    {128 bytes of columns, 64 rows} (one warpgroup's rows), 128-byte swizzle; stores past the edges are
+    clipped."""
+    eb = OUT_BYTES[out]
+    return _tensor_map(ptr, M, N, eb, 128 // eb, 64)
+
+
+def _tensor_map(ptr, rows, cols, elem_bytes, box_cols, box_rows) -> bytes:
+    key = (ptr, rows, cols, elem_bytes, box_cols, box_rows)
     m = _MAP_CACHE.get(key)
     if m is not None:
         return m
     try:
-        m = _encode_bindings(ptr, rows, K, box_rows)
+        m = _encode_bindings(ptr, rows, cols, box_rows, elem_bytes, box_cols)
     except ImportError:  # no cuda-bindings: the same driver call through ctypes
-        m = _encode_ctypes(ptr, rows, K, box_rows)
+        m = _encode_ctypes(ptr, rows, cols, box_rows, elem_bytes, box_cols)
     if len(_MAP_CACHE) >= _MAP_CACHE_MAX:
         _MAP_CACHE.clear()
     _MAP_CACHE[key] = m
     return m
 
 
-def _encode_bindings(ptr, rows, K, box_rows) -> bytes:
+def _encode_bindings(ptr, rows, K, box_rows, elem_bytes=1, box_cols=BK) -> bytes:
     from cuda.bindings import driver as drv
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    dtype = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8 if elem_bytes == 1
+             else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16)
     err, tmap = drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ptr,
-        [u64(K), u64(rows)], [u64(K)], [u32(BK), u32(box_rows)], [u32(1), u32(1)],
+        dtype, 2, ptr, [u64(K), u64(rows)], [u64(K * elem_bytes)], [u32(box_cols), u32(box_rows)],
+        [u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != drv.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"fusedkit.fp8_gemm: cuTensorMapEncodeTiled failed ({err}) for a {rows} x {K} "
-                           f"operand at 0x{ptr:x}")
+                           f"matrix of {elem_bytes}-byte elements at 0x{ptr:x}")
     return ctypes.string_at(tmap.getPtr(), 128)
 
 
 # cuda.h enum values (CUDA 12 / 13): UINT8 = 0, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3,
-# FLOAT_OOB_FILL_NONE = 0 (the same numbers cuda.bindings' enums carry)
+# FLOAT_OOB_FILL_NONE = 0 (the same numbers cuda.bindings' enums carry); UINT16 = 1
 _ENC = (0, 0, 3, 3, 0)
+_ENC_UINT16 = 1
 
 
-def _encode_ctypes(ptr, rows, K, box_rows) -> bytes:
+def _encode_ctypes(ptr, rows, K, box_rows, elem_bytes=1, box_cols=BK) -> bytes:
     from .._launch import _check, _libcuda
     lib = _libcuda()
     fn = lib.cuTensorMapEncodeTiled
@@ -150,10 +208,12 @@ def _encode_ctypes(ptr, rows, K, box_rows) -> bytes:
     raw = ctypes.create_string_buffer(128 + 64)
     addr = (ctypes.addressof(raw) + 63) & ~63
     dims = (ctypes.c_uint64 * 2)(K, rows)
-    strides = (ctypes.c_uint64 * 1)(K)
-    box = (ctypes.c_uint32 * 2)(BK, box_rows)
+    strides = (ctypes.c_uint64 * 1)(K * elem_bytes)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     est = (ctypes.c_uint32 * 2)(1, 1)
     dt, il, sw, l2, oob = _ENC
+    if elem_bytes == 2:
+        dt = _ENC_UINT16
     _check(fn(addr, dt, 2, ptr, dims, strides, box, est, il, sw, l2, oob), "cuTensorMapEncodeTiled")
     return ctypes.string_at(addr, 128)
 
@@ -164,7 +224,7 @@ def _encode_ctypes(ptr, rows, K, box_rows) -> bytes:
 class _Params(ctypes.Structure):
     """The kernel's parameters in declaration order (the maps 64-byte aligned, as in the kernel)."""
     _pack_ = 8
-    _fields_ = [("map_a", ctypes.c_ubyte * 128), ("map_b", ctypes.c_ubyte * 128),
+    _fields_ = [("map_a", ctypes.c_ubyte * 128), ("map_b", ctypes.c_ubyte * 128), ("map_d", ctypes.c_ubyte * 128),
                 ("out", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale_a", ctypes.c_void_p),
                 ("scale_b", ctypes.c_void_p), ("out_scale", ctypes.c_void_p), ("amax", ctypes.c_void_p),
                 ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("bias_kind", ctypes.c_int),
@@ -193,12 +253,14 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     bias_dtype), ``act`` (-1 or an id of cuda/common/act.cuh), ``accumulate`` (out += ...)."""
     from cupy_backends.cuda.api import driver
 
-    bn, stages, cluster = config(M, N, mode, sm_count(device))
-    smem = smem_bytes(bn, stages)
-    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster), device, smem)
+    bn, stages, cluster, store = config(M, N, mode, sm_count(device), out_kind)
+    smem = smem_bytes(bn, stages, out_kind, store)
+    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
     ctypes.memmove(p.map_b, tensor_map(b, N, K, bn // cluster), 128)  # each CTA of a cluster loads a share
+    if store != "direct":
+        ctypes.memmove(p.map_d, out_tensor_map(out, M, N, out_kind), 128)
     p.out, p.bias, p.scale_a, p.scale_b = out, bias or None, scale_a, scale_b
     p.out_scale, p.amax = out_scale or None, amax or None
     p.M, p.N, p.K = M, N, K
