@@ -66,6 +66,9 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
     return 1024 + stages * (BM + bn) * BK + 2 * out_stage_bytes(bn, out, store) + 2 * stages * 8
 
 
+# the output store the tile table picks per mode for bf16 / FP8 outputs (fp32 outputs: always direct)
+TABLE_STORE = {"fast": "direct", "split": "direct", "block": "direct"}
+
 _forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE])} while forced_tiles() is active
 
 
@@ -87,13 +90,22 @@ def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> 
     built variant against cuBLASLt)."""
     if _forced is not None:
         bn, cluster, *rest = _forced[mode]
-        store = rest[0] if rest and OUT_BYTES[out] <= 2 else "direct"
-        if store == "whole" and 64 * bn * OUT_BYTES[out] <= STAGE_OUT_MAX:
-            store = "staged"                        # one round either way: the same kernel
+        store = rest[0] if rest else "direct"
     else:
         bn = 256 if mode == "fast" and -(-M // BM) * -(-N // 256) >= sms else 128
-        cluster, store = 1, "direct"
+        cluster, store = 1, TABLE_STORE[mode]
+    store = _built_store(bn, out, store)
     return bn, stages_for(bn, out, store), cluster, store
+
+
+def _built_store(bn: int, out: str, store: str) -> str:
+    """The store a kernel is built with: fp32 outputs store directly; "whole" where one round of "staged"
+    already holds the slab is that same kernel."""
+    if OUT_BYTES[out] > 2:
+        return "direct"
+    if store == "whole" and 64 * bn * OUT_BYTES[out] <= STAGE_OUT_MAX:
+        return "staged"
+    return store
 
 
 def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1,
@@ -114,10 +126,7 @@ VARIANTS = (("fast", 256, 1, "direct"), ("fast", 128, 1, "direct"), ("split", 12
 def variant_outputs(bn: int, store: str) -> tuple:
     """The output kinds a variant is built for: all with direct stores, bf16 and FP8 with staged ones,
     and with "whole" only those whose slab takes more than one round of "staged"."""
-    if store == "direct":
-        return tuple(OUT_CXX)
-    return tuple(o for o in OUT_CXX if OUT_BYTES[o] <= 2
-                 and (store == "staged" or 64 * bn * OUT_BYTES[o] > STAGE_OUT_MAX))
+    return tuple(o for o in OUT_CXX if _built_store(bn, o, store) == store)
 
 
 def all_expressions():
