@@ -4,7 +4,8 @@ Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the 
 always included); between variants the in-memory kernel and launcher caches are dropped, so the next
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
-the benchmark's three shapes, the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
+the benchmark's three shapes, with current scaling too, the current-scaling quantize at the same shapes,
+the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
 at the three shapes, the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 and the plain
 RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others'
 defines), bf16 inputs as the benchmark's, AB_ROUNDS (3) interleaved rounds, each op as a fraction of a
@@ -14,6 +15,7 @@ Writes JSON to argv[1].
     AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=0" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
+    AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -46,6 +48,9 @@ def cases():
         if (M, N) == FP8_SHAPES[0]:
             out.append((f"fp8_quantize_delayed {M}x{N}", 3 * M * N,
                         lambda x=x: fk.quantize(x, fmt="e4m3", scale=scale)))
+        # current scaling: the amax pass, then the cast (5MN; FK_AMAX_REVERSE's A/B)
+        out.append((f"fp8_quantize_current {M}x{N}", 5 * M * N, lambda x=x: fk.quantize(x, fmt="e4m3")))
+        out.append((f"fp8_cast_transpose_current {M}x{N}", 6 * M * N, lambda x=x: fk.cast_transpose(x, fmt="e4m3")))
     for M, N in FP8_SHAPES:
         xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
