@@ -69,6 +69,12 @@ if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYT
       > "$OUT/gemm_cluster.log" 2>&1; then
     export GEMM_K="not cluster_multicast" FK_NO_CLUSTER=1; echo "cluster tests FAILED: skipped below" >> "$OUT/gemm_cluster.log"
   fi
+  # the staged output stores likewise (FK_STORES=none: the sweep, the sanitizer and the profile leave them out)
+  if ! timeout $(left 90) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -k staged_stores \
+      > "$OUT/gemm_staged.log" 2>&1; then
+    export GEMM_K="${GEMM_K:+$GEMM_K and }not staged_stores" FK_STORES=none
+    echo "staged-store tests FAILED: skipped below" >> "$OUT/gemm_staged.log"
+  fi
   ( timeout $(left 300) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -rs ${GEMM_K:+-k "$GEMM_K"}
     echo "gemm tests rc=$?"
     if [ "${GEMM_SANITIZE:-1}" = 1 ]; then

@@ -26,6 +26,7 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
                   (NCU_SECTIONS="--section ComputeWorkloadAnalysis" adds the pipe utilisation)
 Each case runs its op twice (the first call compiles and plans), so `-c` should allow 2 per kernel.
 """
+import os
 import sys
 
 import cupy
@@ -174,7 +175,7 @@ def case_gemm():
 
     def run():
         for mode, fn in ours.items():
-            for store in ("direct", "staged"):
+            for store in ("direct",) if os.environ.get("FK_STORES") == "none" else ("direct", "staged"):
                 with cuda_gemm.forced_tiles(**{mode: (256 if mode == "fast" else 128, 1, store)}):
                     fn()
         for fn in lt:

@@ -4,8 +4,8 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 
     python3 tools/sweep_gemm.py out.json
 
-FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES="staged,whole" keeps only those output stores
-(and "direct").
+FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
+stores timed beside "direct" ("none": direct only).
 
 Prints TFLOP/s and the ratio to cuBLASLt per config and the best per (shape, mode); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_gemm.py config().
