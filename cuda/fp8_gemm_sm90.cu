@@ -141,6 +141,9 @@ struct alignas(64) TmaMap {
 #ifndef FK_GEMM_OFFSET_PAIRS
 #define FK_GEMM_OFFSET_PAIRS 1   // 0 never, 1 GEMM_BLOCK only, 2 SPLIT and BLOCK: see the main loop
 #endif
+#ifndef FK_GEMM_EPI_OVERLAP
+#define FK_GEMM_EPI_OVERLAP 0    // 1: SPLIT / BLOCK (without offset pairs) run a tile's epilogue under the
+#endif                           // next tile's first K block (not yet measured; see the main loop)
 
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
 enum GemmBias : int { GEMM_BIAS_NONE = 0, GEMM_BIAS_F32 = 1, GEMM_BIAS_BF16 = 2 };
@@ -717,13 +720,28 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     int s = 0;
     unsigned phase = 0;
 
-    for (int t = unit0; t < num_units; t += unit_step) {
-      int tu, tn;
+    // The epilogue of tile (tm, tn) on its finished accumulators x.
+    auto epilogue = [&](float (&x)[NR], int tm, int tn) {
+      const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);   // rows r0, r0 + 8
+      gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
+      if constexpr (STORE == GEMM_STORE_DIRECT) {
+        gemm_store_direct<OUT, BN>(x, out, amax, oscale, r0, c0, M, N);
+      } else {
+        if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
+        gemm_store_staged<OUT, BN, STORE>(x, &tma_d, out_stage + cw * OUT_STAGE, oscale, cw,
+                                          tm * kGemmBM + 64 * cw, tn * BN);
+      }
+    };
+    auto tile_coords = [&](int t, int& tm, int& tn) {
+      int tu;
       gemm_tile_coords(t, m_units, n_tiles, tu, tn);
-      const int tm = tu * CLUSTER + rank;
-      const int r0 = tm * kGemmBM + row_in_tile;      // this thread's rows r0 and r0 + 8
+      tm = tu * CLUSTER + rank;
+    };
 
-      if constexpr (MODE == GEMM_FAST) {
+    if constexpr (MODE == GEMM_FAST) {
+      for (int t = unit0; t < num_units; t += unit_step) {
+        int tm, tn;
+        tile_coords(t, tm, tn);
         int prev = 0;
         for (int kb = 0; kb < k_blocks; ++kb) {
           mbar_wait(full_bar(s), phase);
@@ -741,40 +759,70 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
         gemm_release<CLUSTER>(empty_bar(prev), lane);
-      } else {
-        // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
-        // while block kb is promoted into fin (wait_group 1); the pair's second promotion still waits for
-        // an empty tensor pipe. No group stays in flight across the loop's back edge: with one in flight
-        // ptxas serialised every wgmma (C7514), and pairs unrolled into chunks of 4 or more spill.
-        const int sa_row0 = min(r0, M - 1), sa_row1 = min(r0 + 8, M - 1);
-        float s0a = 1.f, s1a = 1.f, s0b = 1.f, s1b = 1.f;   // block scales of the blocks in acc / acc2
-        int blk_a = 0, blk_b = 0;                             // their stages, released once promoted
-#pragma unroll
-        for (int i = 0; i < NR; ++i) fin[i] = 0.f;
-        auto issue = [&](float (&d)[NR], float& sc0, float& sc1, int& blk, int kb) {
-          gemm_block_scales<MODE>(scale_a, scale_b, sa_row0, sa_row1, tn, k_blocks, kb, sc0, sc1);
-          gemm_issue_block<BN, TA, TB>(d, full_bar(s), phase, stage_a(s) + a_off, stage_b(s));
-          blk = s;
-          if (++s == STAGES) { s = 0; phase ^= 1u; }
-        };
-        auto retire = [&](float (&d)[NR], float sc0, float sc1, int blk) {
-          wgmma_fence_operands(d);
-          gemm_promote<MODE, NR>(fin, d, sc0, sc1);
-          gemm_release<CLUSTER>(empty_bar(blk), lane);
-        };
+        epilogue(acc, tm, tn);
+      }
+    } else {
+      // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
+      // while block kb is promoted into fin (wait_group 1); the pair's second promotion still waits for
+      // an empty tensor pipe. No group stays in flight across the loop's back edge: with one in flight
+      // ptxas serialised every wgmma (C7514), and pairs unrolled into chunks of 4 or more spill.
+      // Offset pairs (FK_GEMM_OFFSET_PAIRS): the second warpgroup promotes block 0 alone and then pairs
+      // (1, 2), (3, 4), ...: each warpgroup's exposed promotion (after the second block of its pair)
+      // then falls while the other warpgroup has a block in flight. The order of additions per thread
+      // is unchanged, so are the results. H200 A/B in one run (094930Z against 095013Z): BLOCK +2.6 to
+      // +5.3% at all five benchmark shapes; SPLIT -7.6 to +1.7% (mixed; the fast-accumulation rows,
+      // unaffected by the flag, moved up to 6% between the two runs) -> on for BLOCK only.
+      constexpr bool kOffsetPairs = FK_GEMM_OFFSET_PAIRS == 2 || (FK_GEMM_OFFSET_PAIRS == 1 && MODE == GEMM_BLOCK);
+      // Epilogue overlap (FK_GEMM_EPI_OVERLAP, without offset pairs): once a tile's last block is
+      // promoted, acc and acc2 are free while fin still holds the tile. The next tile's first K block is
+      // issued before this tile's epilogue runs, so the tensor cores work through the epilogue; then fin
+      // is zeroed and that block retires into it. Same additions in the same order: same bits. Every
+      // group in flight retires inside the pass that issued it (none crosses the back edge), so the
+      // epilogue of a pass is the previous tile's and the last tile's runs after the loop. With the
+      // next pair in flight instead (128 registers locked) the epilogue spilled 150-210 B.
+      constexpr bool kEpiOverlap = FK_GEMM_EPI_OVERLAP != 0 && !kOffsetPairs;
+      int tm = 0, tn = 0, prev_tm = 0, prev_tn = 0;
+      int sa_row0 = 0, sa_row1 = 0;                  // this thread's rows, clamped (block scales)
+      bool have_prev = false;
+      float s0a = 1.f, s1a = 1.f, s0b = 1.f, s1b = 1.f;   // block scales of the blocks in acc / acc2
+      int blk_a = 0, blk_b = 0;                             // their stages, released once promoted
+      auto issue = [&](float (&d)[NR], float& sc0, float& sc1, int& blk, int kb) {
+        gemm_block_scales<MODE>(scale_a, scale_b, sa_row0, sa_row1, tn, k_blocks, kb, sc0, sc1);
+        gemm_issue_block<BN, TA, TB>(d, full_bar(s), phase, stage_a(s) + a_off, stage_b(s));
+        blk = s;
+        if (++s == STAGES) { s = 0; phase ^= 1u; }
+      };
+      auto retire = [&](float (&d)[NR], float sc0, float sc1, int blk) {
+        wgmma_fence_operands(d);
+        gemm_promote<MODE, NR>(fin, d, sc0, sc1);
+        gemm_release<CLUSTER>(empty_bar(blk), lane);
+      };
+      for (int t = unit0; t < num_units; t += unit_step) {
+        tile_coords(t, tm, tn);
+        const int r0 = tm * kGemmBM + row_in_tile;
+        sa_row0 = min(r0, M - 1);
+        sa_row1 = min(r0 + 8, M - 1);
         int kb = 0;
-        // Offset pairs (FK_GEMM_OFFSET_PAIRS): the second warpgroup promotes block 0 alone and then pairs
-        // (1, 2), (3, 4), ...: each warpgroup's exposed promotion (after the second block of its pair)
-        // then falls while the other warpgroup has a block in flight. The order of additions per thread
-        // is unchanged, so are the results. H200 A/B in one run (094930Z against 095013Z): BLOCK +2.6 to
-        // +5.3% at all five benchmark shapes; SPLIT -7.6 to +1.7% (mixed; the fast-accumulation rows,
-        // unaffected by the flag, moved up to 6% between the two runs) -> on for BLOCK only.
-        constexpr bool kOffsetPairs = FK_GEMM_OFFSET_PAIRS == 2 || (FK_GEMM_OFFSET_PAIRS == 1 && MODE == GEMM_BLOCK);
-        if (kOffsetPairs && cw == 1 && k_blocks > 0) {
+        if constexpr (kEpiOverlap) {
+          // K > 0 (the host launches no kernel otherwise): block 0 exists. The issue is not
+          // conditional: a conditional one made NVVM copy the accumulators at the merge, and ptxas
+          // then waited right after the issue (C7517), before the epilogue.
           issue(acc, s0a, s1a, blk_a, 0);
+          if (have_prev) epilogue(fin, prev_tm, prev_tn);
+#pragma unroll
+          for (int i = 0; i < NR; ++i) fin[i] = 0.f;
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
           kb = 1;
+        } else {
+#pragma unroll
+          for (int i = 0; i < NR; ++i) fin[i] = 0.f;
+          if (kOffsetPairs && cw == 1 && k_blocks > 0) {
+            issue(acc, s0a, s1a, blk_a, 0);
+            wgmma_wait<0>();
+            retire(acc, s0a, s1a, blk_a);
+            kb = 1;
+          }
         }
         for (; kb + 2 <= k_blocks; kb += 2) {         // a pair: kb in acc, kb + 1 in acc2
           issue(acc, s0a, s1a, blk_a, kb);
@@ -789,22 +837,15 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
         }
-      }
-
-      // ---------------------------------------------------------------- epilogue
-      const int c0 = tn * BN + 2 * (lane & 3);
-      auto epilogue = [&](float (&x)[NR]) {           // x: the tile's finished accumulators
-        gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
-        if constexpr (STORE == GEMM_STORE_DIRECT) {
-          gemm_store_direct<OUT, BN>(x, out, amax, oscale, r0, c0, M, N);
+        if constexpr (kEpiOverlap) {
+          have_prev = true;
+          prev_tm = tm;
+          prev_tn = tn;
         } else {
-          if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
-          gemm_store_staged<OUT, BN, STORE>(x, &tma_d, out_stage + cw * OUT_STAGE, oscale, cw,
-                                            tm * kGemmBM + 64 * cw, tn * BN);
+          epilogue(fin, tm, tn);
         }
-      };
-      if constexpr (MODE == GEMM_FAST) epilogue(acc);
-      else epilogue(fin);
+      }
+      if (kEpiOverlap && have_prev) epilogue(fin, prev_tm, prev_tn);   // the last tile's
     }
     // The last staged stores have read shared memory before the block's shared memory is released.
     if constexpr (STORE != GEMM_STORE_DIRECT) {
