@@ -16,6 +16,7 @@ Writes JSON to argv[1].
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
+    AB_OPTIONS="-DFK_GEMM_EPI_OVERLAP=1" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -32,7 +33,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _jit
-from fusedkit.bench import FP8_SHAPES, GpuTimer, _impls, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import FP8_SHAPES, GpuTimer, _gemm_impls, _impls, copy_gbps, norm_fp8_inputs
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 
@@ -63,14 +64,29 @@ def cases():
     for M, N in ((131072, 1024), (16384, 8192), (8192, 16384)):  # RMSNorm: at or below torch.compile (214136Z)
         xn, w, _, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"rms_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w: fk.rms_norm(xn, w)))
+    # the FP8 GEMM (bf16 output; "bytes" here are 2MNK / 1000, so "of copy" only compares variants and
+    # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes, fast as a
+    # control for split-only defines (FK_GEMM_EPI_OVERLAP)
+    for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
+        if only_gemm_wanted():
+            impls = _gemm_impls(torch, M, K, N)
+            out.append((f"fp8_gemm {M}x{K}x{N}", 2 * M * N * K // 1000, impls["fp8_gemm"]["fusedkit"]))
+            if (M, K, N) == (4096, 4096, 4096):
+                out.append((f"fp8_gemm_fast {M}x{K}x{N}", 2 * M * N * K // 1000, impls["fp8_gemm_fast"]["fusedkit"]))
     only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
     return [c for c in out if not only or any(s in c[0] for s in only)]
 
 
+def only_gemm_wanted():
+    """The GEMM cases are built only when AB_OPS names them (they allocate ~1 GB and compile for minutes)."""
+    return any("gemm" in s for s in os.environ.get("AB_OPS", "").split(","))
+
+
 def peers(cs):
     """AB_PEERS=1: the benchmark's torch.compile peer (bench._impls) of the plain norm forwards among the
-    cases, timed once per round beside the variants: a same-process ratio against the peer the issues
-    name. The recompile limit is raised so no case's compile falls back to eager."""
+    cases, and cuBLASLt beside the GEMM cases, timed once per round beside the variants: a same-process
+    ratio against the peer the issues name. The recompile limit is raised so no case's compile falls
+    back to eager."""
     if os.environ.get("AB_PEERS") != "1":
         return []
     import torch._dynamo
@@ -78,13 +94,17 @@ def peers(cs):
     out = []
     for name, nbytes, _ in cs:
         op, shape = name.split()
+        if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode
+            M, K, N = (int(v) for v in shape.split("x"))
+            out.append((name, nbytes, _gemm_impls(torch, M, K, N)[op]["cublaslt"], "cublaslt"))
+            continue
         if op not in ("layer_norm_fwd", "rms_norm_fwd"):
             continue
         M, N = (int(v) for v in shape.split("x"))
         fn = _impls(torch, op, M, N, torch.bfloat16).get("torch_compile")
         if fn is not None:
             fn()  # compile now, outside the timed rounds
-            out.append((name, nbytes, fn))
+            out.append((name, nbytes, fn, "torch.compile"))
     return out
 
 
@@ -94,10 +114,12 @@ def select(opts):
 
 
 def output_bytes(res):
-    """The uint8 tensors of an op's result (FP8Tensor data and its transpose)."""
+    """The uint8 tensors of an op's result (FP8Tensor data and its transpose), a bf16 result's bits."""
     ts = res if isinstance(res, (tuple, list)) else (res,)
     got = []
     for t in ts:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:  # the GEMM's bf16 output, as bits
+            got.append(t.view(torch.int16))
         for name in ("data", "data_t"):
             a = getattr(t, name, None)
             if a is not None and hasattr(a, "dtype"):
@@ -147,9 +169,9 @@ def main(out_path):
     for rnd in range(ROUNDS):
         select("")
         copy = copy_gbps(torch, timer)
-        for name, nbytes, fn in peer_cases:
+        for name, nbytes, fn, label in peer_cases:
             ms = timer.ms(fn)
-            rows.append(dict(op=name, options="torch.compile", round=rnd, ms=ms, copy_GBps=copy,
+            rows.append(dict(op=name, options=label, round=rnd, ms=ms, copy_GBps=copy,
                              of_copy=nbytes / ms / 1e6 / copy))
         for v, only in variants:
             select(v)
@@ -160,7 +182,7 @@ def main(out_path):
                 print(f"{name:34s} {v or '(shipped)':24s} round {rnd}: {ms * 1e3:7.1f} us "
                       f"{rows[-1]['of_copy']:.3f} of copy", flush=True)
     for name, _, _ in cs:
-        for v in [v for v, _ in variants] + ["torch.compile"]:
+        for v in [v for v, _ in variants] + ["torch.compile", "cublaslt"]:
             label = v or "(shipped)"
             got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == label)
             if not got:
