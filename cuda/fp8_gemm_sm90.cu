@@ -572,17 +572,54 @@ __device__ __forceinline__ void gemm_amax(const float (&x)[BN / 2], float* amax,
   if ((threadIdx.x & 31) == 0 && am > 0.f) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(am));
 }
 
-// Staged stores of one warpgroup's 64 x BN slab (rows row0 .., columns col0 ..): per round, the values go
-// into `stage` (GemmStaging::wg_bytes of shared memory, 1024-byte aligned) as 64-row boxes of 128 bytes per
-// row with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8): the 8 rows a warp writes
-// at once then fall in different banks), then one thread of the warpgroup issues a TMA store per box and
-// commits them as one bulk group. Before a round overwrites the stage, that thread waits until the
-// previous group has read it (wait_group.read) and the warpgroup meets at its named barrier; nothing
-// waits for the global writes, which drain while the next tile's main loop runs. Rows past M and columns
-// past N are clipped by the tensor map.
+// The 16-bit / 8-bit outputs' pairs of a thread, packed: pk[2 j + h] holds (bf16 x 2, or FP8 x 2 in the
+// low 16 bits) row r0 + 8 h, columns c0 + 8 j, + 1; FP8 bytes are sat(v x oscale).
+template <typename OUT, int BN>
+__device__ __forceinline__ void gemm_pack(const float (&x)[BN / 2], unsigned (&pk)[BN / 4], float oscale) {
+#pragma unroll
+  for (int i = 0; i < BN / 4; ++i) {
+    const float x0 = x[2 * i], x1 = x[2 * i + 1];
+    if constexpr (GemmOut<OUT>::fp8) {
+      pk[i] = fp8x2_from_float<OUT>(__fmul_rn(x0, oscale), __fmul_rn(x1, oscale));
+    } else {
+      pk[i] = from_float<bf16>(x0).bits | ((unsigned)from_float<bf16>(x1).bits << 16);
+    }
+  }
+}
+
+// Direct stores of packed pairs (the valid rows and columns).
+template <typename OUT, int BN>
+__device__ __forceinline__ void gemm_store_packed(const unsigned (&pk)[BN / 4], void* out, int r0, int c0, int M,
+                                                  int N) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = c0 + 8 * j;
+    if (col >= N) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 8 * h;
+      if (row >= M) continue;
+      const size_t idx = (size_t)row * N + col;
+      if constexpr (GemmOut<OUT>::fp8) {
+        *reinterpret_cast<unsigned short*>(static_cast<unsigned char*>(out) + idx) = (unsigned short)pk[2 * j + h];
+      } else {
+        *reinterpret_cast<unsigned*>(static_cast<bf16*>(out) + idx) = pk[2 * j + h];
+      }
+    }
+  }
+}
+
+// Staged stores of one warpgroup's 64 x BN slab (rows row0 .., columns col0 ..) of packed pairs: per
+// round, the pairs go into `stage` (GemmStaging::wg_bytes of shared memory, 1024-byte aligned) as 64-row
+// boxes of 128 bytes per row with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8):
+// the 8 rows a warp writes at once then fall in different banks), then one thread of the warpgroup
+// issues a TMA store per box and commits them as one bulk group. Before a round overwrites the stage,
+// that thread waits until the previous group has read it (wait_group.read) and the warpgroup meets at
+// its named barrier; nothing waits for the global writes, which drain while the next tile's main loop
+// runs. Rows past M and columns past N are clipped by the tensor map.
 template <typename OUT, int BN, int STORE>
-__device__ __forceinline__ void gemm_store_staged(const float (&x)[BN / 2], const TmaMap* map, unsigned stage,
-                                                  float oscale, int wg, int row0, int col0) {
+__device__ __forceinline__ void gemm_store_staged(const unsigned (&pk)[BN / 4], const TmaMap* map, unsigned stage,
+                                                  int wg, int row0, int col0) {
   using S = GemmStaging<OUT, BN, STORE>;
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const bool issuer = t == 0;
@@ -599,13 +636,10 @@ __device__ __forceinline__ void gemm_store_staged(const float (&x)[BN / 2], cons
       for (int h = 0; h < 2; ++h) {
         const int r = 16 * warp + (lane >> 2) + 8 * h;  // row within the warpgroup's 64
         const unsigned addr = stage + box * (64 * 128) + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
-        const float x0 = x[4 * j + 2 * h], x1 = x[4 * j + 2 * h + 1];
         if constexpr (GemmOut<OUT>::fp8) {
-          const unsigned short v = fp8x2_from_float<OUT>(__fmul_rn(x0, oscale), __fmul_rn(x1, oscale));
-          asm volatile("st.shared.u16 [%0], %1;" :: "r"(addr), "h"(v) : "memory");
+          asm volatile("st.shared.u16 [%0], %1;" :: "r"(addr), "h"((unsigned short)pk[2 * j + h]) : "memory");
         } else {
-          const unsigned v = from_float<bf16>(x0).bits | ((unsigned)from_float<bf16>(x1).bits << 16);
-          asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" :: "r"(addr), "r"(pk[2 * j + h]) : "memory");
         }
       }
     }
@@ -619,7 +653,6 @@ __device__ __forceinline__ void gemm_store_staged(const float (&x)[BN / 2], cons
     }
   }
 }
-
 
 // ----------------------------------------------------------------------------------------------------
 // The kernel. Dynamic shared memory: 1024 (alignment slack) + STAGES x (128 + BN) x 128
@@ -720,16 +753,34 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     int s = 0;
     unsigned phase = 0;
 
-    // The epilogue of tile (tm, tn) on its finished accumulators x.
-    auto epilogue = [&](float (&x)[NR], int tm, int tn) {
+    // The epilogue of tile (tm, tn) in two halves: v = act(alpha x + C + bias) with amax, packed into the
+    // output's pairs (16-bit and 8-bit outputs), then the stores of the packed pairs.
+    unsigned pk[GemmOut<OUT>::bytes <= 2 ? BN / 4 : 1];
+    auto epilogue_pack = [&](float (&x)[NR], int tm, int tn) {
       const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);   // rows r0, r0 + 8
       gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
+      if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
+      if constexpr (GemmOut<OUT>::bytes <= 2) gemm_pack<OUT, BN>(x, pk, oscale);
+    };
+    auto epilogue_store = [&](int tm, int tn) {
+      if constexpr (GemmOut<OUT>::bytes <= 2) {
+        if constexpr (STORE == GEMM_STORE_DIRECT) {
+          gemm_store_packed<OUT, BN>(pk, out, tm * kGemmBM + row_in_tile, tn * BN + 2 * (lane & 3), M, N);
+        } else {
+          gemm_store_staged<OUT, BN, STORE>(pk, &tma_d, out_stage + cw * OUT_STAGE, cw, tm * kGemmBM + 64 * cw,
+                                            tn * BN);
+        }
+      }
+    };
+    // The whole epilogue at once (direct stores: the measured code, stores and amax in one loop).
+    auto epilogue = [&](float (&x)[NR], int tm, int tn) {
       if constexpr (STORE == GEMM_STORE_DIRECT) {
+        const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);
+        gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
         gemm_store_direct<OUT, BN>(x, out, amax, oscale, r0, c0, M, N);
       } else {
-        if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
-        gemm_store_staged<OUT, BN, STORE>(x, &tma_d, out_stage + cw * OUT_STAGE, oscale, cw,
-                                          tm * kGemmBM + 64 * cw, tn * BN);
+        epilogue_pack(x, tm, tn);
+        epilogue_store(tm, tn);
       }
     };
     auto tile_coords = [&](int t, int& tm, int& tn) {
@@ -739,11 +790,30 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     };
 
     if constexpr (MODE == GEMM_FAST) {
+      // Epilogue overlap (FK_GEMM_EPI_OVERLAP, 16-bit and 8-bit outputs): the tile's values are packed
+      // into pk (64 registers), which frees acc; the next tile's first K block is issued into acc before
+      // the packed pairs are stored, so the tensor cores run under the stores (the last tile's after
+      // the loop). The group in flight retires inside the pass that issued it.
+      constexpr bool kFastOverlap = FK_GEMM_EPI_OVERLAP != 0 && GemmOut<OUT>::bytes <= 2;
+      int prev_tm = 0, prev_tn = 0;
+      bool have_prev = false;
       for (int t = unit0; t < num_units; t += unit_step) {
         int tm, tn;
         tile_coords(t, tm, tn);
-        int prev = 0;
-        for (int kb = 0; kb < k_blocks; ++kb) {
+        int prev = 0, kb = 0;
+        if constexpr (kFastOverlap) {                // K > 0: block 0 exists; issued unconditionally (C7517)
+          mbar_wait(full_bar(s), phase);
+          const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < kGemmBK / 32; ++k) Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
+          wgmma_commit();
+          prev = s;
+          if (++s == STAGES) { s = 0; phase ^= 1u; }
+          if (have_prev) epilogue_store(prev_tm, prev_tn);
+          kb = 1;
+        }
+        for (; kb < k_blocks; ++kb) {
           mbar_wait(full_bar(s), phase);
           const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
           wgmma_fence();
@@ -759,8 +829,16 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
         gemm_release<CLUSTER>(empty_bar(prev), lane);
-        epilogue(acc, tm, tn);
+        if constexpr (kFastOverlap) {
+          epilogue_pack(acc, tm, tn);
+          have_prev = true;
+          prev_tm = tm;
+          prev_tn = tn;
+        } else {
+          epilogue(acc, tm, tn);
+        }
       }
+      if (kFastOverlap && have_prev) epilogue_store(prev_tm, prev_tn);   // the last tile's
     } else {
       // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
       // while block kb is promoted into fin (wait_group 1); the pair's second promotion still waits for
