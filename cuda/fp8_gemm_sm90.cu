@@ -62,9 +62,12 @@
 //     direct stores write 4-byte pairs scattered over 8 rows per warp instruction (half-filled 32-byte
 //     sectors) while the tensor cores idle; staged, the warpgroup spends one shared-memory write per pair
 //     and two named barriers, and the global writes go out as full lines under the next main loop.
-//     Expected (not yet measured): +3-5 % at K = 4096 in fast mode, where the epilogue is the largest
+//     Expected (not yet measured): +5-15 % at K = 4096 in fast mode, where the epilogue is the largest
 //     share of a tile. Output stage per warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab
 //     (WHOLE: 32 KB for bf16 at BN = 256, so the ring holds 3 stages instead of 4).
+//   * FK_GEMM_EPI_OVERLAP (compile-time, off until measured): the next tile's first K block is issued
+//     before this tile's stores (fast: the outputs packed into registers first, which frees acc) or its
+//     whole epilogue (split: acc / acc2 are free once the last block is promoted); see the main loops.
 // Bytes moved: M K + N K (each operand read once per tile row / column: (N / BN) M K + (M / 128) N K from
 //   L2, the grouped walk keeps most of it there) + M N x out size (+ M N x out size for accumulate_into).
 //   FLOPs 2 M N K: compute-bound for M, N, K >= 1024.
