@@ -223,15 +223,16 @@ struct MaskVec<VEC, false> {
 // mask byte (rm.hide) is applied last, to whole vectors: tested inside the chunks, ptxas put the test
 // (a wait for the byte) between the x loads. The unmasked kernels keep the one loop: the chunked form
 // with a single chunk gave them the same SASS on sm_90a but not on sm_100a.
-template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING>
+template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING, bool FULL = false>
 __device__ __forceinline__ unsigned long long load_x_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ xrow,
                                                          const RowMask& rm, int v0, int vend) {
   static_assert(MASKING == 0 || ITEMS * VEC <= 64, "mask bits of a thread must fit 64 bits");
+  static_assert(MASKING == 0 || !FULL, "FULL rows are unmasked");
   if constexpr (MASKING == 0) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
+      if (FULL ? vend > v0 : v < vend) {  // FULL: every vector is in the row; vend == v0 marks no row
         raw[i] = load_vec<T, VEC>(xrow + (long long)v * VEC);
       } else {
         vec_zero(raw[i]);  // whole words: zeroing element by element cost two PRMTs per element
@@ -364,20 +365,20 @@ __device__ __forceinline__ float keyed_exponent(const Vec<T, VEC>& r, int j, uns
 // This thread's key: the max of key_value over its vectors [v0 + tid + i * T_ROW < vend]. Unmasked rows
 // with c > 0 take the max of the raw values (packed for 16-bit types) and multiply once; the rounding
 // is monotone, so both ways give the same bits.
-template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING>
+template <typename T, int VEC, int ITEMS, int T_ROW, int MASKING, bool FULL = false>
 __device__ __forceinline__ float thread_key(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits, int v0,
                                             int vend, float c) {
   if (MASKING == 0 && c > 0.f) {
     RunningMax<T, VEC> mx;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
-      if (v0 + (int)threadIdx.x + i * T_ROW < vend) mx.add(raw[i]);
+      if (FULL || v0 + (int)threadIdx.x + i * T_ROW < vend) mx.add(raw[i]);
     return __fmul_rn(mx.value(), c);
   }
   float k = neg_inf();
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
-    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
+    if (FULL || v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) k = fmaxf(k, key_value<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c));
   return k;
@@ -433,17 +434,20 @@ struct OneShotMerge {
 };
 
 // Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE>
+// FULL: the row fills every vector slot (N == ITEMS x 32 x WARPS x VEC, one CTA per row); the per-vector
+// bounds tests are compiled out (a row past M holds zeros and stores nothing).
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE,
+          bool FULL = false>
 __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
                                                    O* __restrict__ y, long long base, bool row_ok, int v0,
                                                    int vend, float c, const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
-  const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING>(raw, bits, v0, vend, c);
+  const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING, FULL>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
-    if (v0 + (int)threadIdx.x + i * T_ROW < vend)
+    if (FULL || v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
@@ -457,7 +461,7 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + threadIdx.x + i * T_ROW;
-    if (v < vend) {
+    if (FULL || v < vend) {
       Vec<O, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
@@ -468,7 +472,8 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   }
 }
 
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING>
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING,
+          bool FULL = false>
 __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
                                                 long long row, bool row_ok, int N, float scale, int v0,
                                                 int vend, StatsBox<CLUSTER>* box) {
@@ -481,7 +486,7 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
     vend = v0;  // no data; the thread still takes part in the barriers
   }
   Vec<T, VEC> raw[ITEMS];
-  const unsigned long long bits = load_x_row<T, VEC, ITEMS, T_ROW, MASKING>(raw, x + base, rm, v0, vend);
+  const unsigned long long bits = load_x_row<T, VEC, ITEMS, T_ROW, MASKING, FULL>(raw, x + base, rm, v0, vend);
   const float c = __fmul_rn(scale, kLog2e);
   if constexpr (MASKING != 0) {
     if (c > 0.f) {  // uniform over the launch
@@ -491,8 +496,8 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
       return;
     }
   }
-  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, MASKING>(raw, bits, y, base, row_ok, v0, vend, c,
-                                                            OneShotMerge<CLUSTER>{box});
+  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, MASKING, OneShotMerge<CLUSTER>, FULL>(
+      raw, bits, y, base, row_ok, v0, vend, c, OneShotMerge<CLUSTER>{box});
 }
 
 // The fast-division parameters (sq_div ... n3_div: fast_div() of sq, n1, n2, n3 in cuda_softmax.py) come
@@ -506,13 +511,21 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   MaskParams{mask, sq, n1, n2, n3, s0, s1, s2, s3, mcol,                                                   \
              FastDiv(sq_div), FastDiv(n1_div), FastDiv(n2_div), FastDiv(n3_div)}
 
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING>
+// FK_SOFTMAX_FULL (default 0 until measured on the H200): 1 honours the host's FULL flag (N fills the
+// config exactly, unmasked: the per-vector bounds tests compiled out, as the norms' FULL, which gave
+// LayerNorm +2 % at N = 1024 and 4096).
+#ifndef FK_SOFTMAX_FULL
+#define FK_SOFTMAX_FULL 0
+#endif
+
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, bool FULL = false>
 __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
                                   SoftmaxMinBlocks<32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value>::value)
 softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
-  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING>(x, y, mp, row, row < M, N, scale, 0, N / VEC, nullptr);
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING, FULL && FK_SOFTMAX_FULL != 0>(
+      x, y, mp, row, row < M, N, scale, 0, N / VEC, nullptr);
 }
 
 // One row per cluster of CLUSTER CTAs (grid = M * CLUSTER, 1-D blocks of 32 * WARPS threads).

@@ -476,6 +476,26 @@ def test_configs():
     assert cs.fwd_config(262144, 2, clusters=False, staged=True)[0] == "looped"  # and sm_90
 
 
+def test_full_rows_flag():
+    """The FULL flag (bounds tests compiled out) only where an unmasked row fills its register config
+    exactly, and those kernels are among the compile-all check's instantiations."""
+    exprs = set(cs.all_expressions()[cs.FILE])
+    for N in (1024, 4096, 8192, 16384):
+        cfg = cs.fwd_config(N, 2)
+        assert cfg[0] == "rows" and cs.full_rows(cfg, N, cs.MASK_NONE)
+        e = cs.fwd_expr(cfg, "bfloat16", "bfloat16", False, cs.MASK_NONE, N)
+        assert e.endswith(", true>") and e in exprs
+    for N in (7, 781):
+        cfg = cs.fwd_config(N, 2)
+        assert not cs.full_rows(cfg, N, cs.MASK_NONE)
+        assert not cs.fwd_expr(cfg, "bfloat16", "bfloat16", False, cs.MASK_NONE, N).endswith(", true>")
+    cfg = cs.fwd_config(1024, 2)
+    for masking in (cs.MASK_CAUSAL, cs.MASK_TENSOR):
+        assert not cs.full_rows(cfg, 1024, masking)
+    assert not cs.full_rows(cfg, None, cs.MASK_NONE)
+    assert not cs.full_rows(cs.fwd_config(262144, 2), 262144, cs.MASK_NONE)  # cluster kernels: no flag
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU only
 

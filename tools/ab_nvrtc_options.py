@@ -17,6 +17,7 @@ Writes JSON to argv[1].
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
     AB_OPTIONS="-DFK_GEMM_EPI_OVERLAP=1" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
+    AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -33,7 +34,8 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _jit
-from fusedkit.bench import FP8_SHAPES, GpuTimer, _gemm_impls, _impls, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import (FP8_SHAPES, GpuTimer, _gemm_impls, _impls, _softmax_impls, copy_gbps,
+                            norm_fp8_inputs)
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 
@@ -64,6 +66,12 @@ def cases():
     for M, N in ((131072, 1024), (16384, 8192), (8192, 16384)):  # RMSNorm: at or below torch.compile (214136Z)
         xn, w, _, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"rms_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w: fk.rms_norm(xn, w)))
+    # softmax forward at issue 3's register-kernel shapes (FK_SOFTMAX_FULL's A/B), built only when AB_OPS
+    # names them
+    if any("softmax" in s for s in os.environ.get("AB_OPS", "").split(",")):
+        for M, N in ((131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)):
+            fn = _softmax_impls(torch, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
+            out.append((f"softmax_fwd {M}x{N}", 4 * M * N, fn))
     # the FP8 GEMM (bf16 output; "bytes" here are 2MNK / 1000, so "of copy" only compares variants and
     # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes, fast as a
     # control for split-only defines (FK_GEMM_EPI_OVERLAP)
@@ -84,9 +92,9 @@ def only_gemm_wanted():
 
 def peers(cs):
     """AB_PEERS=1: the benchmark's torch.compile peer (bench._impls) of the plain norm forwards among the
-    cases, and cuBLASLt beside the GEMM cases, timed once per round beside the variants: a same-process
-    ratio against the peer the issues name. The recompile limit is raised so no case's compile falls
-    back to eager."""
+    cases, torch.compile and Liger beside the softmax cases, cuBLASLt beside the GEMM cases, timed once
+    per round beside the variants: a same-process ratio against the peer the issues name. The recompile
+    limit is raised so no case's compile falls back to eager."""
     if os.environ.get("AB_PEERS") != "1":
         return []
     import torch._dynamo
@@ -98,9 +106,16 @@ def peers(cs):
             M, K, N = (int(v) for v in shape.split("x"))
             out.append((name, nbytes, _gemm_impls(torch, M, K, N)[op]["cublaslt"], "cublaslt"))
             continue
+        M, N = (int(v) for v in shape.split("x"))
+        if op == "softmax_fwd":  # torch.compile and Liger (where installed)
+            impls = _softmax_impls(torch, op, M, N, torch.bfloat16)
+            for label in ("torch_compile", "liger"):
+                if label in impls:
+                    impls[label]()
+                    out.append((name, nbytes, impls[label], label.replace("_", ".")))
+            continue
         if op not in ("layer_norm_fwd", "rms_norm_fwd"):
             continue
-        M, N = (int(v) for v in shape.split("x"))
         fn = _impls(torch, op, M, N, torch.bfloat16).get("torch_compile")
         if fn is not None:
             fn()  # compile now, outside the timed rounds
@@ -182,7 +197,7 @@ def main(out_path):
                 print(f"{name:34s} {v or '(shipped)':24s} round {rnd}: {ms * 1e3:7.1f} us "
                       f"{rows[-1]['of_copy']:.3f} of copy", flush=True)
     for name, _, _ in cs:
-        for v in [v for v, _ in variants] + ["torch.compile", "cublaslt"]:
+        for v in [v for v, _ in variants] + ["torch.compile", "liger", "cublaslt"]:
             label = v or "(shipped)"
             got = sorted(r["of_copy"] for r in rows if r["op"] == name and r["options"] == label)
             if not got:

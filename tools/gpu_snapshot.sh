@@ -8,5 +8,5 @@ grep -qx '/.snap/' .git/info/exclude 2>/dev/null || echo '/.snap/' >> .git/info/
 rm -rf .snap && mkdir .snap && git archive HEAD | tar -x -C .snap
 git rev-parse HEAD > .snap/COMMIT   # the results JSON records it (fusedkit.bench.source_commit)
 mkdir -p .snap/.gitbundle && git bundle create -q .snap/.gitbundle/main.bundle main
-[ -d .whl ] && cp -r .whl .snap/.whl
+[ -d .whl ] && cp -r .whl .snap/.whl   # peers and asv for the device (tools/fetch_wheels.sh)
 du -sh .snap

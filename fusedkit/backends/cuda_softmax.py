@@ -114,11 +114,22 @@ def _b(v: bool) -> str:
     return "true" if v else "false"
 
 
-def fwd_expr(cfg, x_dt, o_dt, log, masking) -> str:
+def full_rows(cfg, N, masking) -> bool:
+    """The register forward's FULL flag: an unmasked row of N fills every vector slot of the config
+    (N == vec x items x 32 x warps), so the kernel may drop its per-vector bounds tests (honoured when
+    cuda/softmax.cu is built with FK_SOFTMAX_FULL=1; off until measured)."""
+    return (N is not None and cfg[0] == "rows" and masking == MASK_NONE
+            and N == cfg[1] * cfg[2] * 32 * cfg[3])
+
+
+def fwd_expr(cfg, x_dt, o_dt, log, masking, N=None) -> str:
+    """N: the row length the kernel serves (the FULL flag where it fills the config; None: the general
+    kernel)."""
     T, O = CXX[x_dt], CXX[o_dt]
     if cfg[0] == "rows":
         vec, items, warps = cfg[1:4]
-        return f"fk::softmax_fwd<{T}, {O}, {vec}, {items}, {warps}, {_b(log)}, {masking}>"
+        full = ", true" if full_rows(cfg, N, masking) else ""
+        return f"fk::softmax_fwd<{T}, {O}, {vec}, {items}, {warps}, {_b(log)}, {masking}{full}>"
     if cfg[0] == "cluster":
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
@@ -310,7 +321,7 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
     if plan is None:
         cfg = config or fwd_config(N, s, clusters_ok(device), max_vec, staged=True, masked=masking != MASK_NONE)
         plan = _fwd_plans[key] = _launch_plan(
-            "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking), FWD_CODES, device,
+            "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking, N), FWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
     fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:
@@ -355,13 +366,13 @@ def all_expressions():
                 for log in (False, True):
                     if log and N not in (7, 1024, 4096, 65536, 262144):
                         continue
-                    exprs.add(fwd_expr(fc, dt, dt, log, MASK_NONE))
-                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, dt, log, MASK_NONE))
+                    exprs.add(fwd_expr(fc, dt, dt, log, MASK_NONE, N))
+                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, dt, log, MASK_NONE, N))
                     exprs.add(bwd_expr(bwd_config(N, s, clusters), dt, log))
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
                         exprs.add(fwd_expr(fwd_config(N, s, clusters, masked=True), dt, dt, False, masking))
                 if N in (781, 4096, 65536) and dt != "float32":
-                    exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE))
-                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, "float32", False, MASK_NONE))
+                    exprs.add(fwd_expr(fc, dt, "float32", False, MASK_NONE, N))
+                    exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, "float32", False, MASK_NONE, N))
     return {FILE: sorted(exprs)}
