@@ -268,6 +268,43 @@ def test_registry_entry():
     assert cuda_gemm.out_stage_bytes(128, "e5m2", "staged") == 8192
 
 
+@pytest.mark.parametrize("out", ["bfloat16", "e4m3"])
+@pytest.mark.parametrize("bn,store", [(128, "staged"), (256, "staged"), (256, "whole")])
+def test_staged_store_layout_model(out, bn, store):
+    """A transcription of gemm_store_staged's shared-memory addressing (cuda/fp8_gemm_sm90.cu): undoing
+    TMA's 128-byte swizzle (16-byte chunk c of box row r stored at chunk c ^ (r % 8)) must give every
+    thread its own pairs' (row, column) of the wgmma layout, each byte of the slab once, and the 32 lanes
+    of one store instruction must hit distinct 4-byte banks (or share a word)."""
+    from fusedkit.backends import cuda_gemm
+    ob = cuda_gemm.OUT_BYTES[out]
+    stage = cuda_gemm.out_stage_bytes(bn, out, store)
+    rounds = 64 * bn * ob // stage
+    cols, box_cols = bn // rounds, 128 // ob
+    written = set()
+    for q in range(rounds):
+        for warp in range(4):
+            for jj in range(cols // 8):
+                for h in range(2):
+                    words = {}
+                    for lane in range(32):
+                        j = q * (cols // 8) + jj
+                        box = jj // (box_cols // 8)
+                        byte = (jj % (box_cols // 8)) * 8 * ob + 2 * (lane & 3) * ob
+                        r = 16 * warp + (lane >> 2) + 8 * h
+                        addr = box * 8192 + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15)
+                        b, off = divmod(addr, 8192)              # TMA's view of the stage
+                        row, rem = divmod(off, 128)
+                        col = q * cols + b * box_cols + ((((rem >> 4) ^ row) & 7) * 16 + (rem & 15)) // ob
+                        assert (row, col) == (r, 8 * j + 2 * (lane & 3))
+                        assert addr + 2 * ob <= stage
+                        for k in range(2 * ob):
+                            assert (q, addr + k) not in written
+                            written.add((q, addr + k))
+                        words.setdefault((addr // 4) % 32, set()).add(addr // 4)
+                    assert all(len(w) == 1 for w in words.values())   # no bank conflicts
+    assert len(written) == 64 * bn * ob
+
+
 def test_tensor_map_enum_values_match_cuda_bindings():
     """The ctypes encoder's enum numbers are cuda.bindings' (when it is installed)."""
     drv = pytest.importorskip("cuda.bindings.driver")
