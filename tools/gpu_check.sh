@@ -8,7 +8,8 @@
 #   EXP_ONLY ops built with EXP_OPTIONS, with EXP_BENCH_ARGS (e.g. "--rounds 3": this machine's noise
 #   between two runs of one call reached 17 % on 2026-12-04; compare with --rounds 3 on both sides).
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
-#   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck.
+#   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck; AB_TIMEOUT (default 240 s)
+#   bounds the abopts stage (GEMM cases compile for minutes: give them more).
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
 #   (tools/bench_sweep_winners.py; sweep and confirmation in one call).
@@ -117,7 +118,7 @@ if has abflush; then  # the share of the ratios the benchmark's dirty-L2 flush t
   timeout $(left 200) python3 tools/ab_flush.py "$OUT/ab_flush.json" > "$OUT/ab_flush.log" 2>&1; echo "abflush rc=$?" >> "$OUT/ab_flush.log"
 fi
 if has abopts; then  # compile-time experiments A/B in one process: AB_OPTIONS, AB_OPS (tools/ab_nvrtc_options.py)
-  timeout $(left 240) python3 tools/ab_nvrtc_options.py "$OUT/ab_nvrtc_options.json" > "$OUT/ab_nvrtc_options.log" 2>&1; echo "abopts rc=$?" >> "$OUT/ab_nvrtc_options.log"
+  timeout $(left ${AB_TIMEOUT:-240}) python3 tools/ab_nvrtc_options.py "$OUT/ab_nvrtc_options.json" > "$OUT/ab_nvrtc_options.log" 2>&1; echo "abopts rc=$?" >> "$OUT/ab_nvrtc_options.log"
 fi
 if has abweights; then  # FP8-output norms with bf16 against fp32 weights (tools/ab_norm_fp8_weights.py)
   timeout $(left 150) python3 tools/ab_norm_fp8_weights.py "$OUT/ab_norm_fp8_weights.json" > "$OUT/ab_norm_fp8_weights.log" 2>&1; echo "abweights rc=$?" >> "$OUT/ab_norm_fp8_weights.log"
