@@ -163,8 +163,13 @@ template <typename T> struct GemmOut {
   static constexpr bool fp8 = false;
   static constexpr int bytes = sizeof(T);
 };
-template <> struct GemmOut<E4M3> { using store_t = unsigned char; static constexpr bool fp8 = true; static constexpr int bytes = 1; };
-template <> struct GemmOut<E5M2> { using store_t = unsigned char; static constexpr bool fp8 = true; static constexpr int bytes = 1; };
+struct GemmOutFp8 {
+  using store_t = unsigned char;
+  static constexpr bool fp8 = true;
+  static constexpr int bytes = 1;
+};
+template <> struct GemmOut<E4M3> : GemmOutFp8 {};
+template <> struct GemmOut<E5M2> : GemmOutFp8 {};
 
 // Output stores (STORE): GEMM_STORE_DIRECT (0) each thread stores its column pairs to global memory;
 // GEMM_STORE_STAGED (1) through shared memory and TMA tensor stores, at most 16 KB per warpgroup at a
