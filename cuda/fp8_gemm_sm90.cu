@@ -46,13 +46,14 @@
 //     __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
 //   * Epilogue (STORE = GEMM_STORE_DIRECT: registers -> global): thread (warp w of its warpgroup, lane l) holds rows
 //     16 w + l / 4 and + 8 of its warpgroup's 64, columns 8 j + 2 (l % 4) + {0, 1} of every 8-column
-//     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8).
+//     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8;
+//     16-bit and 8-bit pairs are packed into registers first, gemm_pack).
 //     v = alpha * acc (alpha = scale_inv_a * scale_inv_b read from device pointers; 1 in BLOCK mode,
 //     where the scales are already in), then + C (accumulate_into: C is the output, read in place),
 //     + bias[col] (fp32 or bf16, a run-time kind), then the activation (run-time id, common/act.cuh;
 //     -1 = none): cuBLASLt's order D = act(alpha A B^T + C + bias). FP8 outputs: byte = sat_rn(v *
 //     out_scale) (common/fp8.cuh), and amax(|v|) of the valid elements is merged per warp per tile into
-//     *amax with an atomicMax on the float bits (also for bf16 / fp32 outputs when amax is not null).
+//     *amax (common/fp8.cuh warp_amax_merge: one redux.sync, an atomicMax only where it raises the value).
 //     The epilogue uses explicit __fmul_rn / __fadd_rn so every output type of one configuration sees the
 //     same fp32 v (the tests check the FP8 output against the fp32 output cast on the CPU, byte for byte).
 //   * Staged output stores (STORE = GEMM_STORE_STAGED / _WHOLE, bf16 and FP8 outputs): the same v goes into
@@ -526,44 +527,7 @@ __device__ __forceinline__ void gemm_epilogue_math(float (&x)[BN / 2], const voi
   }
 }
 
-// Direct stores: each thread writes its column pairs (8 B fp32, 4 B bf16, 2 B FP8) of the valid rows and
-// columns, and merges amax(|v|) of them per warp into *amax (when not null).
-template <typename OUT, int BN>
-__device__ __forceinline__ void gemm_store_direct(const float (&x)[BN / 2], void* out, float* amax, float oscale,
-                                                  int r0, int c0, int M, int N) {
-  using store_t = typename GemmOut<OUT>::store_t;
-  float am = 0.f;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int col = c0 + 8 * j;
-    if (col >= N) continue;                          // N is even: col + 1 < N too
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 8 * h;
-      if (row >= M) continue;
-      const size_t idx = (size_t)row * N + col;
-      const float x0 = x[4 * j + 2 * h], x1 = x[4 * j + 2 * h + 1];
-      am = fmaxf(am, fmaxf(fabsf(x0), fabsf(x1)));
-      if constexpr (GemmOut<OUT>::fp8) {
-        const unsigned short q = fp8x2_from_float<OUT>(__fmul_rn(x0, oscale), __fmul_rn(x1, oscale));
-        *reinterpret_cast<unsigned short*>(static_cast<store_t*>(out) + idx) = q;
-      } else if constexpr (sizeof(OUT) == 4) {
-        *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(x0, x1);
-      } else {
-        const unsigned lo = from_float<bf16>(x0).bits, hi = from_float<bf16>(x1).bits;
-        *reinterpret_cast<unsigned*>(static_cast<bf16*>(out) + idx) = lo | (hi << 16);
-      }
-    }
-  }
-  if (amax != nullptr) {                             // warp max, one atomic per warp and tile
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
-    if ((threadIdx.x & 31) == 0 && am > 0.f) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(am));
-  }
-}
-
-// amax(|v|) of the valid elements, merged per warp into *amax (staged stores; direct stores merge it in
-// their loop).
+// amax(|v|) of the valid elements, merged per warp into *amax (common/fp8.cuh warp_amax_merge).
 template <int BN>
 __device__ __forceinline__ void gemm_amax(const float (&x)[BN / 2], float* amax, int r0, int c0, int M, int N) {
   float am = 0.f;
@@ -571,13 +535,28 @@ __device__ __forceinline__ void gemm_amax(const float (&x)[BN / 2], float* amax,
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (c0 + 8 * j < N && r0 + 8 * h < M)
+      if (c0 + 8 * j < N && r0 + 8 * h < M)          // N is even: column c0 + 8 j + 1 is valid too
         am = fmaxf(am, fmaxf(fabsf(x[4 * j + 2 * h]), fabsf(x[4 * j + 2 * h + 1])));
     }
   }
+  warp_amax_merge(am, amax);
+}
+
+// fp32 outputs: each thread stores its column pairs (8 bytes) of the valid rows and columns.
+template <int BN>
+__device__ __forceinline__ void gemm_store_f32(const float (&x)[BN / 2], void* out, int r0, int c0, int M, int N) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
-  if ((threadIdx.x & 31) == 0 && am > 0.f) atomicMax(reinterpret_cast<unsigned*>(amax), __float_as_uint(am));
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = c0 + 8 * j;
+    if (col >= N) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 8 * h;
+      if (row >= M) continue;
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + (size_t)row * N + col) =
+          make_float2(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]);
+    }
+  }
 }
 
 // The 16-bit / 8-bit outputs' pairs of a thread, packed: pk[2 j + h] holds (bf16 x 2, or FP8 x 2 in the
@@ -762,7 +741,8 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     unsigned phase = 0;
 
     // The epilogue of tile (tm, tn) in two halves: v = act(alpha x + C + bias) with amax, packed into the
-    // output's pairs (16-bit and 8-bit outputs), then the stores of the packed pairs.
+    // output's pairs (16-bit and 8-bit outputs), then the stores of the packed pairs (direct or staged);
+    // fp32 outputs are stored from x.
     unsigned pk[GemmOut<OUT>::bytes <= 2 ? BN / 4 : 1];
     auto epilogue_pack = [&](float (&x)[NR], int tm, int tn) {
       const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);   // rows r0, r0 + 8
@@ -780,15 +760,12 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         }
       }
     };
-    // The whole epilogue at once (direct stores: the measured code, stores and amax in one loop).
     auto epilogue = [&](float (&x)[NR], int tm, int tn) {
-      if constexpr (STORE == GEMM_STORE_DIRECT) {
-        const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);
-        gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
-        gemm_store_direct<OUT, BN>(x, out, amax, oscale, r0, c0, M, N);
-      } else {
-        epilogue_pack(x, tm, tn);
+      epilogue_pack(x, tm, tn);
+      if constexpr (GemmOut<OUT>::bytes <= 2) {
         epilogue_store(tm, tn);
+      } else {
+        gemm_store_f32<BN>(x, out, tm * kGemmBM + row_in_tile, tn * BN + 2 * (lane & 3), M, N);
       }
     };
     auto tile_coords = [&](int t, int& tm, int& tn) {

@@ -40,7 +40,26 @@ from fusedkit.bench import (FP8_SHAPES, GpuTimer, _gemm_impls, _impls, _softmax_
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 
 
+_IMPLS: dict = {}
+
+
+def impls_of(make, *args):
+    """bench's {impl: fn} for one op and shape, built once: the cases and their peers (AB_PEERS) then share
+    the inputs, and nothing is allocated or quantized twice."""
+    key = (make.__name__,) + args
+    if key not in _IMPLS:
+        _IMPLS[key] = make(torch, *args)
+    return _IMPLS[key]
+
+
+def ab_ops() -> list:
+    """AB_OPS: the substrings that select cases (empty: all; the softmax and GEMM cases only when named,
+    as they allocate ~1 GB and, for the GEMM, compile for minutes)."""
+    return [s for s in os.environ.get("AB_OPS", "").split(",") if s]
+
+
 def cases():
+    only = ab_ops()
     g = torch.Generator(device="cuda").manual_seed(0)
     scale = torch.full((1,), 0.37, device="cuda")
     out = []
@@ -66,28 +85,20 @@ def cases():
     for M, N in ((131072, 1024), (16384, 8192), (8192, 16384)):  # RMSNorm: at or below torch.compile (214136Z)
         xn, w, _, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"rms_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w: fk.rms_norm(xn, w)))
-    # softmax forward at issue 3's register-kernel shapes (FK_SOFTMAX_FULL's A/B), built only when AB_OPS
-    # names them
-    if any("softmax" in s for s in os.environ.get("AB_OPS", "").split(",")):
+    # softmax forward at issue 3's register-kernel shapes (FK_SOFTMAX_FULL's A/B)
+    if any("softmax" in s for s in only):
         for M, N in ((131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)):
-            fn = _softmax_impls(torch, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
+            fn = impls_of(_softmax_impls, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
             out.append((f"softmax_fwd {M}x{N}", 4 * M * N, fn))
     # the FP8 GEMM (bf16 output; "bytes" here are 2MNK / 1000, so "of copy" only compares variants and
     # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes, fast as a
-    # control for split-only defines (FK_GEMM_EPI_OVERLAP)
-    for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
-        if only_gemm_wanted():
-            impls = _gemm_impls(torch, M, K, N)
-            out.append((f"fp8_gemm {M}x{K}x{N}", 2 * M * N * K // 1000, impls["fp8_gemm"]["fusedkit"]))
-            if (M, K, N) == (4096, 4096, 4096):
-                out.append((f"fp8_gemm_fast {M}x{K}x{N}", 2 * M * N * K // 1000, impls["fp8_gemm_fast"]["fusedkit"]))
-    only = [s for s in os.environ.get("AB_OPS", "").split(",") if s]
+    # control for split-only defines
+    if any("gemm" in s for s in only):
+        for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
+            ops = ("fp8_gemm", "fp8_gemm_fast") if (M, K, N) == (4096, 4096, 4096) else ("fp8_gemm",)
+            for op in ops:
+                out.append((f"{op} {M}x{K}x{N}", 2 * M * N * K // 1000, impls_of(_gemm_impls, M, K, N)[op]["fusedkit"]))
     return [c for c in out if not only or any(s in c[0] for s in only)]
-
-
-def only_gemm_wanted():
-    """The GEMM cases are built only when AB_OPS names them (they allocate ~1 GB and compile for minutes)."""
-    return any("gemm" in s for s in os.environ.get("AB_OPS", "").split(","))
 
 
 def peers(cs):
@@ -104,11 +115,11 @@ def peers(cs):
         op, shape = name.split()
         if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode
             M, K, N = (int(v) for v in shape.split("x"))
-            out.append((name, nbytes, _gemm_impls(torch, M, K, N)[op]["cublaslt"], "cublaslt"))
+            out.append((name, nbytes, impls_of(_gemm_impls, M, K, N)[op]["cublaslt"], "cublaslt"))
             continue
         M, N = (int(v) for v in shape.split("x"))
         if op == "softmax_fwd":  # torch.compile and Liger (where installed)
-            impls = _softmax_impls(torch, op, M, N, torch.bfloat16)
+            impls = impls_of(_softmax_impls, op, M, N, torch.bfloat16)
             for label in ("torch_compile", "liger"):
                 if label in impls:
                     impls[label]()
