@@ -8,7 +8,7 @@
 #   EXP_ONLY ops built with EXP_OPTIONS, with EXP_BENCH_ARGS (e.g. "--rounds 3": this machine's noise
 #   between two runs of one call reached 17 % on 2026-12-04; compare with --rounds 3 on both sides).
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
-#   steer the profile stage; GEMM_SANITIZE=0 skips the gemm stage's memcheck; AB_TIMEOUT (default 240 s)
+#   steer the profile stage; GEMM_SANITIZE=0 / GEMM_BENCH=0 skip the gemm stage's memcheck / benchmark; AB_TIMEOUT (default 240 s)
 #   bounds the abopts stage (GEMM cases compile for minutes: give them more).
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
@@ -86,8 +86,10 @@ if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYT
       timeout $(left 120) compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_gemm.py --small
       echo "gemm memcheck rc=$?"
     fi
-    timeout $(left 240) python3 -m fusedkit bench --only gemm --out "$OUT/results"
-    echo "gemm bench rc=$?" ) > "$OUT/gemm.log" 2>&1
+    if [ "${GEMM_BENCH:-1}" = 1 ]; then
+      timeout $(left 240) python3 -m fusedkit bench --only gemm --out "$OUT/results"
+      echo "gemm bench rc=$?"
+    fi ) > "$OUT/gemm.log" 2>&1
 fi
 if has profile; then  # Nsight Compute on the kernels below target (tools/profile_kernels.py)
   timeout $(left 240) ncu --clock-control none --section SpeedOfLight --section Occupancy \
