@@ -7,6 +7,9 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
 stores timed beside "direct" ("none": direct only).
 
+Also times the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation) with direct and staged
+stores, against plain split cuBLASLt (``lt`` is the last mode's, split).
+
 Prints TFLOP/s and the ratio to cuBLASLt per config and the best per (shape, mode); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_gemm.py config().
 """
@@ -52,6 +55,19 @@ def main(out_path):
                     best = r
             print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} store={best['store']} "
                   f"{best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
+        # the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation): its FP8 pairs are the
+        # narrowest direct stores, so the store variants matter most here; ratio to plain split cuBLASLt
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        out_scale = torch.full((1,), 0.5, device="cuda")
+        for store in ["direct"] + [s for s in stores if s == "staged"]:
+            with cuda_gemm.forced_tiles(split=(128, 1, store)):
+                ms = timer.ms(lambda: fk.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",
+                                                  out_scale=out_scale, use_split_accumulator=True))
+            r = {"shape": [M, K, N], "mode": "split_epilogue_e4m3", "BN": 128, "cluster": 1, "store": store,
+                 "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
+            results.append(r)
+            print(f"{M}x{K}x{N} split+bias+gelu->e4m3 {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  "
+                  f"{r['vs_cublaslt']:.3f}x plain split cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)
 
