@@ -242,8 +242,10 @@ def test_registry_entry():
     assert {o for *_, o in built} == set(cuda_gemm.OUT_CXX)
     assert ("fast", 256, 1, "whole", "bfloat16") in built and ("fast", 256, 1, "whole", "e4m3") not in built
     assert not any(store != "direct" and out == "float32" for *_, store, out in built)
-    assert cuda_gemm.config(4096, 4096, "fast")[:2] == (256, 4)
-    assert cuda_gemm.config(4096, 4096, "split")[:2] == (128, 6)
+    # the tile table: bf16 out, fast 256-wide with the whole-slab stage (3 ring stages), split staged
+    assert cuda_gemm.config(4096, 4096, "fast") == (256, 3, 1, "whole")
+    assert cuda_gemm.config(4096, 4096, "fast", out="float32") == (256, 4, 1, "direct")
+    assert cuda_gemm.config(4096, 4096, "split") == (128, 6, 1, "staged")
     assert cuda_gemm.config(256, 256, "fast")[:2] == (128, 6)  # too few 256-wide tiles for 132 SMs
     for M, N, mode in ((4096, 4096, "fast"), (4096, 4096, "split"), (256, 256, "block")):  # built variants
         for out in cuda_gemm.OUT_CXX:

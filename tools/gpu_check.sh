@@ -83,7 +83,10 @@ if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYT
   ( timeout $(left 300) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -rs ${GEMM_K:+-k "$GEMM_K"}
     echo "gemm tests rc=$?"
     if [ "${GEMM_SANITIZE:-1}" = 1 ]; then
-      timeout $(left 120) compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_gemm.py --small
+      # --report-api-errors no: cuda.bindings probes driver entry points that this driver lacks
+      # (cuGetProcAddress_v2 "invalid argument", 34 per process on 2026-12-05); the kernels' accesses are
+      # what memcheck is for, and every driver call fusedkit makes checks its own result
+      timeout $(left 120) compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 tools/sanitize_gemm.py --small
       echo "gemm memcheck rc=$?"
     fi
     if [ "${GEMM_BENCH:-1}" = 1 ]; then

@@ -66,8 +66,13 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
     return 1024 + stages * (BM + bn) * BK + 2 * out_stage_bytes(bn, out, store) + 2 * stages * 8
 
 
-# the output store the tile table picks per mode for bf16 / FP8 outputs (fp32 outputs: always direct)
-TABLE_STORE = {"fast": "direct", "split": "direct", "block": "direct"}
+# the output store the tile table picks per mode for bf16 / FP8 outputs (fp32 outputs: always direct).
+# tools/sweep_gemm.py on the H200, 2026-12-05 (sweep_gemm_stores_2026-12-05T0251Z.json), bf16 out, ratio
+# to cuBLASLt at the five issue-5 shapes: fast direct 0.76-0.94 -> whole 0.96-1.03 (staged 0.91-0.98;
+# whole wins at four shapes, staged by 2 % at 4096^3); split direct 0.84-0.87 -> staged 0.89-0.99; the
+# fused bias + GeLU + E4M3 epilogue 0.68-0.86 -> 0.80-0.91 of plain split cuBLASLt. Block scaling was
+# not in that sweep and stays direct until timed.
+TABLE_STORE = {"fast": "whole", "split": "staged", "block": "direct"}
 
 _forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE])} while forced_tiles() is active
 
