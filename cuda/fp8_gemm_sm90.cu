@@ -64,11 +64,13 @@
 //     sectors) while the tensor cores idle; staged, the warpgroup spends one shared-memory write per pair
 //     and two named barriers, and the global writes go out as full lines under the next main loop.
 //     Measured on the H200 (2026-12-05): +25-29 % in fast mode at K = 4096, +3-16 % in split mode; the
-//     tile table uses them for bf16 / FP8 outputs (fast: WHOLE, split: STAGED). Output stage per warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab
-//     (WHOLE: 32 KB for bf16 at BN = 256, so the ring holds 3 stages instead of 4).
-//   * FK_GEMM_EPI_OVERLAP (compile-time, off: no gain measured with direct stores): the next tile's first K block is issued
-//     before this tile's stores (fast: the outputs packed into registers first, which frees acc) or its
-//     whole epilogue (split: acc / acc2 are free once the last block is promoted); see the main loops.
+//     tile table uses them for bf16 / FP8 outputs (fast: WHOLE, split: STAGED). Output stage per
+//     warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab (WHOLE: 32 KB for bf16 at BN = 256, so
+//     the ring holds 3 stages instead of 4).
+//   * FK_GEMM_EPI_OVERLAP (compile-time, off: no gain measured with direct stores): the next tile's first
+//     K block is issued before this tile's stores (fast: the outputs packed into registers first, which
+//     frees acc) or its whole epilogue (split: acc / acc2 are free once the last block is promoted); see
+//     the main loops.
 // Bytes moved: M K + N K (each operand read once per tile row / column: (N / BN) M K + (M / 128) N K from
 //   L2, the grouped walk keeps most of it there) + M N x out size (+ M N x out size for accumulate_into).
 //   FLOPs 2 M N K: compute-bound for M, N, K >= 1024.
