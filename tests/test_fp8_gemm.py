@@ -260,7 +260,7 @@ def test_registry_entry():
         assert cuda_gemm.config(256, 256, "fast", out="e4m3") == (256, 4, 1, "staged")  # one round anyway
         assert cuda_gemm.config(256, 256, "fast", out="float32") == (256, 4, 1, "direct")
         assert cuda_gemm.config(256, 256, "split") == (128, 6, 1, "staged")
-    assert cuda_gemm.config(256, 256, "fast") == (128, 6, 1, "staged")  # the table again ("whole" at BN 128 is one staged round)
+    assert cuda_gemm.config(256, 256, "fast") == (128, 6, 1, "staged")  # table (BN 128: one staged round)
     for mode, bn, cluster, store in cuda_gemm.VARIANTS:
         for out in cuda_gemm.variant_outputs(bn, store):
             st = cuda_gemm.stages_for(bn, out, store)

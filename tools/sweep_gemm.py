@@ -7,8 +7,8 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
 stores timed beside "direct" ("none": direct only).
 
-Also times block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation) with direct and staged
-stores, against plain split cuBLASLt (``lt`` is the last mode's, split).
+Also times block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation)
+with direct and staged stores, against plain split cuBLASLt.
 
 Prints TFLOP/s and the ratio to cuBLASLt per config and the best per (shape, mode); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_gemm.py config().
@@ -56,31 +56,26 @@ def main(out_path):
                     best = r
             print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} store={best['store']} "
                   f"{best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
-        # block scaling (1x128 x 128x128, promotion every 128 K: split's work plus the scales), against
-        # split cuBLASLt (per-tensor; cuBLASLt has no block-scaled FP8 GEMM on sm_90 through torch)
+            if split:
+                lt_split = lt
+        # block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split): direct against
+        # staged stores, each against plain split cuBLASLt (per-tensor; torch has no block-scaled one)
         ab = fk.quantize(x, fmt="e4m3", recipe=BlockScaling())
         bb = fk.quantize(w, fmt="e4m3", recipe=BlockScaling(), weight=True)
-        for store in ["direct"] + [s for s in stores if s == "staged"]:
-            with cuda_gemm.forced_tiles(block=(128, 1, store)):
-                ms = timer.ms(lambda: fk.fp8_gemm(ab, bb))
-            r = {"shape": [M, K, N], "mode": "block", "BN": 128, "cluster": 1, "store": store, "ms": ms,
-                 "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
-            results.append(r)
-            print(f"{M}x{K}x{N} block {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x split "
-                  f"cuBLASLt", flush=True)
-        # the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation): its FP8 pairs are the
-        # narrowest direct stores, so the store variants matter most here; ratio to plain split cuBLASLt
         bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         out_scale = torch.full((1,), 0.5, device="cuda")
-        for store in ["direct"] + [s for s in stores if s == "staged"]:
-            with cuda_gemm.forced_tiles(split=(128, 1, store)):
-                ms = timer.ms(lambda: fk.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",
-                                                  out_scale=out_scale, use_split_accumulator=True))
-            r = {"shape": [M, K, N], "mode": "split_epilogue_e4m3", "BN": 128, "cluster": 1, "store": store,
-                 "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
-            results.append(r)
-            print(f"{M}x{K}x{N} split+bias+gelu->e4m3 {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  "
-                  f"{r['vs_cublaslt']:.3f}x plain split cuBLASLt", flush=True)
+        extra = (("block", lambda: fk.fp8_gemm(ab, bb)),
+                 ("split_epilogue_e4m3", lambda: fk.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",
+                                                             out_scale=out_scale, use_split_accumulator=True)))
+        for label, fn in extra:
+            for store in ["direct"] + [s for s in stores if s == "staged"]:
+                with cuda_gemm.forced_tiles(**{label.split("_")[0]: (128, 1, store)}):
+                    ms = timer.ms(fn)
+                r = {"shape": [M, K, N], "mode": label, "BN": 128, "cluster": 1, "store": store, "ms": ms,
+                     "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt_split, "vs_cublaslt": lt_split / ms}
+                results.append(r)
+                print(f"{M}x{K}x{N} {label} {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x plain "
+                      f"split cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)
 
