@@ -150,6 +150,9 @@ struct alignas(64) TmaMap {
 #ifndef FK_GEMM_EPI_OVERLAP
 #define FK_GEMM_EPI_OVERLAP 0    // 1: SPLIT / BLOCK (without offset pairs) run a tile's epilogue under the
 #endif                           // next tile's first K block (no gain on the H200, 2026-12-05; main loop)
+#ifndef FK_GEMM_BLOCK_FFMA
+#define FK_GEMM_BLOCK_FFMA 0     // 1: BLOCK promotes with one FFMA per accumulator (fin + acc * s, one
+#endif                           // rounding) instead of FMUL then FADD (gemm_promote)
 
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
 enum GemmBias : int { GEMM_BIAS_NONE = 0, GEMM_BIAS_F32 = 1, GEMM_BIAS_BF16 = 2 };
@@ -433,8 +436,12 @@ template <int MODE, int NR>
 __device__ __forceinline__ void gemm_promote(float (&fin)[NR], const float (&acc)[NR], float s0, float s1) {
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
-    const float p = MODE == GEMM_BLOCK ? __fmul_rn(acc[i], (i & 2) ? s1 : s0) : acc[i];
-    fin[i] = __fadd_rn(fin[i], p);
+    if constexpr (MODE == GEMM_BLOCK && FK_GEMM_BLOCK_FFMA) {
+      fin[i] = __fmaf_rn(acc[i], (i & 2) ? s1 : s0, fin[i]);
+    } else {
+      const float p = MODE == GEMM_BLOCK ? __fmul_rn(acc[i], (i & 2) ? s1 : s0) : acc[i];
+      fin[i] = __fadd_rn(fin[i], p);
+    }
   }
 }
 

@@ -13,6 +13,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -472,10 +473,17 @@ def _softmax_impls(torch, op, M, N, dtype):
     return out
 
 
+class _Stopped(Exception):
+    """SIGTERM during a GPU run (e.g. `timeout`): the rows measured so far are still written."""
+
+
+def _stop_on_sigterm(signum, frame):
+    raise _Stopped()
+
+
 def run_gpu(args):
     import torch
     timer = GpuTimer(torch)
-    dtype = torch.bfloat16
     rows = []
     copy = copy_gbps(torch, timer)
     shapes = GPU_SHAPES if not args.quick else GPU_SHAPES[1:2]
@@ -491,13 +499,34 @@ def run_gpu(args):
         pats = [p.strip() for p in args.only.split(",") if p.strip()]
         work = [w for w in work if any(p in w[2] for p in pats)]
     prog = _progress(len(work), "bench")
+    try:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        _run_work(torch, timer, args, work, rows, prog)
+        # opt-in (--only gemm) until the sm_90a kernel has passed its GPU tests: a hang there would stop
+        # the whole benchmark
+        if not args.quick and "gemm" in args.only:
+            gemm_rows(torch, timer, rows)
+        if not args.only or "overhead" in args.only:
+            rows += overhead_rows(torch)
+    except _Stopped:
+        print(f"bench: stopped (SIGTERM) after {len(rows)} rows; writing those", file=sys.stderr)
+        return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows,
+                "partial": f"stopped by SIGTERM; {len(rows)} rows measured"}
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        prog.close()
+    return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
+
+
+def _run_work(torch, timer, args, work, rows, prog) -> None:
+    """Times every (M, N, op, impls) of work, appending rows as each (op, shape) finishes."""
     for (M, N, op, impls) in work:
         nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
         # a fresh torch.compile for every (op, shape): one peer function compiled for more shapes than
         # torch._dynamo's recompile limit (8) falls back to eager without an error (runs before
         # 2026-12-04 21:50Z compared some rows against eager under the torch.compile name)
         _reset_dynamo(torch)
-        fns = impls(torch, op, M, N, dtype)
+        fns = impls(torch, op, M, N, torch.bfloat16)
         # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
         # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
         times = {impl: [] for impl in fns}
@@ -516,14 +545,6 @@ def run_gpu(args):
         del fns
         torch.cuda.empty_cache()
         prog.update()
-    prog.close()
-    # opt-in (--only gemm) until the sm_90a kernel has passed its GPU tests: a hang there would stop the
-    # whole benchmark
-    if not args.quick and "gemm" in args.only:
-        rows += gemm_rows(torch, timer)
-    if not args.only or "overhead" in args.only:
-        rows += overhead_rows(torch)
-    return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
 
 
 def _gemm_impls(torch, M, K, N):
@@ -573,9 +594,10 @@ def _gemm_impls(torch, M, K, N):
     }
 
 
-def gemm_rows(torch, timer):
-    """TFLOP/s of the fp8_gemm ops at GEMM_WORK (shape recorded as [M, K, N], as the issue lists them)."""
-    rows = []
+def gemm_rows(torch, timer, rows=None):
+    """TFLOP/s of the fp8_gemm ops at GEMM_WORK (shape recorded as [M, K, N], as the issue lists them),
+    appended to rows as measured."""
+    rows = [] if rows is None else rows
     flops = _registry.OPS["fp8_gemm"].flops
     for (M, K, N) in GEMM_WORK:
         try:
@@ -740,6 +762,12 @@ def versions() -> dict:
     return v
 
 
+def run_meta(device: str) -> dict:
+    """What every results JSON starts with: device, UTC date, source commit, package versions."""
+    return {"device": device, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": source_commit(), "versions": versions()}
+
+
 def source_commit():
     """The commit the measured code came from: $FUSEDKIT_COMMIT, else the COMMIT file that
     tools/gpu_snapshot.sh writes into its copy, else git; None when none says."""
@@ -828,8 +856,8 @@ def main(argv=None) -> int:
         except ImportError:
             gpu = False
     res = run_gpu(args) if gpu else run_cpu(args)
-    res = {"device": res["device"], "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "commit": source_commit(), "versions": versions(), "copy_GBps": res["copy_GBps"], "rows": res["rows"]}
+    res = {**run_meta(res["device"]), "copy_GBps": res["copy_GBps"], "rows": res["rows"],
+           **({"partial": res["partial"]} if "partial" in res else {})}
     if gpu:
         res["rounds"] = args.rounds
         res["torch_compile_fresh"] = True  # torch._dynamo.reset() before every (op, shape): see run_gpu

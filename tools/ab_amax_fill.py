@@ -15,7 +15,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _interop
-from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs, run_meta
 
 SHAPES = ((32768, 4096), (16384, 8192))
 real_full = _interop.full  # zeros by cudaMemsetAsync
@@ -71,7 +71,7 @@ def main(out_path):
             best = {v: min(r["ms"] for r in sel if r["variant"] == v) for v in VARIANTS}
             print(f"SUMMARY {op:26s} {M}x{N}: " + "  ".join(f"{v} {t * 1e3:7.1f} us" for v, t in best.items()))
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, rows=rows), f, indent=1)
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import fusedkit as fk
-from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import GpuTimer, copy_gbps, norm_fp8_inputs, run_meta
 
 MODES = ("zero", "read", "none")
 
@@ -46,7 +46,7 @@ def main(out_path):
         best = {m: max(r["of_copy"] for r in rows if r["op"] == op and r["mode"] == m) for m in MODES}
         print(f"SUMMARY {op:22s} " + "  ".join(f"{m} {v:.3f}" for m, v in best.items()))
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

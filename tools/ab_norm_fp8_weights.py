@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fusedkit as fk
-from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs
+from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, run_meta
 
 
 def main(out_path):
@@ -47,7 +47,7 @@ def main(out_path):
         got = [r["of_copy"] for r in rows if r["op"] == op and r["shape"] == [M, N] and r["weights"] == wname]
         print(f"SUMMARY {op:20s} {M}x{N:<6d} weights {wname}: best {max(got):.3f}")
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ Writes JSON to argv[1].
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
     AB_OPTIONS="-DFK_GEMM_EPI_OVERLAP=1" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
+    AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
+        the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
@@ -34,7 +36,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit import _jit
-from fusedkit.bench import (FP8_SHAPES, GpuTimer, _gemm_impls, _impls, _softmax_impls, copy_gbps,
+from fusedkit.bench import (FP8_SHAPES, GpuTimer, _gemm_impls, _impls, _softmax_impls, copy_gbps, run_meta,
                             norm_fp8_inputs)
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
@@ -95,7 +97,7 @@ def cases():
     # control for split-only defines
     if any("gemm" in s for s in only):
         for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
-            ops = ("fp8_gemm", "fp8_gemm_fast") if (M, K, N) == (4096, 4096, 4096) else ("fp8_gemm",)
+            ops = ("fp8_gemm", "fp8_gemm_block") + (("fp8_gemm_fast",) if (M, K, N) == (4096, 4096, 4096) else ())
             for op in ops:
                 out.append((f"{op} {M}x{K}x{N}", 2 * M * N * K // 1000, impls_of(_gemm_impls, M, K, N)[op]["fusedkit"]))
     return [c for c in out if not only or any(s in c[0] for s in only)]
@@ -113,9 +115,10 @@ def peers(cs):
     out = []
     for name, nbytes, _ in cs:
         op, shape = name.split()
-        if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode
+        if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode; block: our per-tensor split
             M, K, N = (int(v) for v in shape.split("x"))
-            out.append((name, nbytes, impls_of(_gemm_impls, M, K, N)[op]["cublaslt"], "cublaslt"))
+            label = "cublaslt" if op != "fp8_gemm_block" else "fusedkit_per_tensor"
+            out.append((name, nbytes, impls_of(_gemm_impls, M, K, N)[op][label], label))
             continue
         M, N = (int(v) for v in shape.split("x"))
         if op == "softmax_fwd":  # torch.compile and Liger (where installed)
@@ -215,7 +218,7 @@ def main(out_path):
                 continue
             print(f"SUMMARY {name:34s} {label:24s} median {got[len(got) // 2]:.3f} best {got[-1]:.3f}")
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), variants=[v for v, _ in variants], rows=rows,
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), variants=[v for v, _ in variants], rows=rows,
                        bytes_differ=differ), f, indent=1)
 
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from fusedkit.bench import GpuTimer, _gemm_impls
+from fusedkit.bench import GpuTimer, _gemm_impls, run_meta
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)]
 
@@ -41,7 +41,7 @@ def main(out_path):
         for name in ("fusedkit", "cublaslt"):
             v = [x["TFLOPs"] for x in rows if tuple(x["shape"]) == shape and x["impl"] == name]
             print(f"SUMMARY {shape} {name:9s} min {min(v):7.0f} max {max(v):7.0f} TFLOP/s", flush=True)
-    json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(out_path, "w"), indent=1)
+    json.dump({**run_meta(torch.cuda.get_device_name()), "rows": rows}, open(out_path, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 
 import fusedkit as fk
 from fusedkit.backends import cuda_activations as ca
-from fusedkit.bench import GpuTimer, copy_gbps
+from fusedkit.bench import GpuTimer, copy_gbps, run_meta
 
 WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336),
         ("swiglu_bwd", 16384, 14336)]
@@ -45,7 +45,7 @@ def main(out_path):
         del x, dy
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}, f, indent=1)
+        json.dump({**run_meta(torch.cuda.get_device_name()), "copy_GBps": copy, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

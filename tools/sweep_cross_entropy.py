@@ -20,7 +20,7 @@ import sys
 import torch
 
 from fusedkit.backends import cuda_cross_entropy as cc
-from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
+from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs, run_meta
 
 
 def candidates(N):
@@ -71,7 +71,7 @@ def main(out_path):
         del x, g, t, loss
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": results}, f, indent=1)
+        json.dump({**run_meta(torch.cuda.get_device_name()), "copy_GBps": copy, "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ import torch
 
 import fusedkit as fk
 from fusedkit.backends import cuda_norms
-from fusedkit.bench import FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, precompile, sweep_configs
+from fusedkit.bench import (FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, precompile, run_meta,
+                            sweep_configs)
 
 WAVES = (None, 1, 2, 4)
 
@@ -74,7 +75,7 @@ def sweep_configs_main(out_path, timer, copy):
             sweep_configs(timer, copy, f"{op} {M}x{N} (shipped {shipped})", fp8_configs(N), make, 3 * M * N,
                           results, op=op, shape=[M, N], shipped=list(shipped))
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, kind="configs", rows=results), f,
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, kind="configs", rows=results), f,
                   indent=1)
 
 
@@ -103,7 +104,7 @@ def main(out_path):
             print(f"BEST {op} {M}x{N}: {knob}={best['waves']} {best['of_copy']:.3f} of copy")
             results += rows
     with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_GBps=copy, rows=results), f, indent=1)
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, rows=results), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 import fusedkit as fk
 from fusedkit import _registry
 from fusedkit.backends import cuda_gemm
-from fusedkit.bench import GEMM_WORK, GpuTimer
+from fusedkit.bench import GEMM_WORK, GpuTimer, run_meta
 from fusedkit.fp8 import BlockScaling
 
 
@@ -77,7 +77,7 @@ def main(out_path):
                 print(f"{M}x{K}x{N} {label} {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x plain "
                       f"split cuBLASLt", flush=True)
         torch.cuda.empty_cache()
-    json.dump({"device": torch.cuda.get_device_name(), "rows": results}, open(out_path, "w"), indent=1)
+    json.dump({**run_meta(torch.cuda.get_device_name()), "rows": results}, open(out_path, "w"), indent=1)
 
 
 if __name__ == "__main__":

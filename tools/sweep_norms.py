@@ -15,7 +15,7 @@ import torch
 
 from fusedkit import _jit
 from fusedkit.backends import cuda_norms as cn
-from fusedkit.bench import GpuTimer, copy_gbps, precompile as bench_precompile
+from fusedkit.bench import GpuTimer, copy_gbps, precompile as bench_precompile, run_meta
 
 RING_BYTES = (16 << 10, 48 << 10)  # staged: ring bytes per block (deeper rings lost in sweep 1554Z)
 BWD_ROWS = os.environ.get("SWEEP_BWD_ROWS", "1") == "1"
@@ -188,7 +188,7 @@ def main(out_path):
         del x, dy, y, dx
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"copy_GBps": copy, "results": results}, f, indent=1)
+        json.dump({**run_meta(torch.cuda.get_device_name()), "copy_GBps": copy, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from fusedkit.backends import cuda_softmax as cs
-from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs
+from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs, run_meta
 
 
 MIN_ITEMS = int(os.environ.get("SWEEP_MIN_ITEMS", "1"))  # e.g. 4: leave out the thin splits (slow everywhere)
@@ -86,7 +86,7 @@ def main(out_path):
         del x, y, dy, dx
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": results}, f, indent=1)
+        json.dump({**run_meta(torch.cuda.get_device_name()), "copy_GBps": copy, "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

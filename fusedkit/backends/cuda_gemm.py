@@ -70,9 +70,10 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 # tools/sweep_gemm.py on the H200, 2026-12-05 (sweep_gemm_stores_2026-12-05T0251Z.json), bf16 out, ratio
 # to cuBLASLt at the five issue-5 shapes: fast direct 0.76-0.94 -> whole 0.96-1.03 (staged 0.91-0.98;
 # whole wins at four shapes, staged by 2 % at 4096^3); split direct 0.84-0.87 -> staged 0.89-0.99; the
-# fused bias + GeLU + E4M3 epilogue 0.68-0.86 -> 0.80-0.91 of plain split cuBLASLt. Block scaling was
-# not in that sweep and stays direct until timed.
-TABLE_STORE = {"fast": "whole", "split": "staged", "block": "direct"}
+# fused bias + GeLU + E4M3 epilogue 0.68-0.86 -> 0.80-0.91 of plain split cuBLASLt. Block scaling
+# (sweep_gemm_block_epi_stores_2026-12-05T0528Z.json): direct 0.66-0.68 -> staged 0.68-0.75 of plain
+# split cuBLASLt, ahead at all five shapes.
+TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 
 _forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE])} while forced_tiles() is active
 
