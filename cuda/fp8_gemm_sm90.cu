@@ -150,6 +150,9 @@ struct alignas(64) TmaMap {
 #ifndef FK_GEMM_EPI_OVERLAP
 #define FK_GEMM_EPI_OVERLAP 0    // 1: SPLIT / BLOCK (without offset pairs) run a tile's epilogue under the
 #endif                           // next tile's first K block (no gain on the H200, 2026-12-05; main loop)
+#ifndef FK_GEMM_WG_LAG_NS
+#define FK_GEMM_WG_LAG_NS 0      // > 0: the second consumer warpgroup starts this many ns after the first
+#endif                           // (experiment: staggered epilogues; see the consumers)
 #ifndef FK_GEMM_BLOCK_FFMA
 #define FK_GEMM_BLOCK_FFMA 0     // 1: BLOCK promotes with one FFMA per accumulator (fin + acc * s, one
 #endif                           // rounding) instead of FMUL then FADD (gemm_promote)
@@ -748,6 +751,12 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     float fin[NF];
     int s = 0;
     unsigned phase = 0;
+    // Staggered warpgroups (FK_GEMM_WG_LAG_NS, an experiment): both consumer warpgroups finish a tile's
+    // last K block together and run their epilogues while the tensor cores idle. Started a little apart,
+    // each one's epilogue can fall while the other still multiplies (alone, at the full tensor rate, it
+    // catches up by about the epilogue's length, so the lag renews itself tile after tile); the stage
+    // ring (a stage is refilled once both have released it) bounds the lag. Same arithmetic, same bits.
+    if (FK_GEMM_WG_LAG_NS > 0 && cw == 1) __nanosleep(FK_GEMM_WG_LAG_NS);
 
     // The epilogue of tile (tm, tn) in two halves: v = act(alpha x + C + bias) with amax, packed into the
     // output's pairs (16-bit and 8-bit outputs), then the stores of the packed pairs (direct or staged);

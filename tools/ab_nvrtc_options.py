@@ -97,7 +97,8 @@ def cases():
     # control for split-only defines
     if any("gemm" in s for s in only):
         for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
-            ops = ("fp8_gemm", "fp8_gemm_block") + (("fp8_gemm_fast",) if (M, K, N) == (4096, 4096, 4096) else ())
+            ops = ("fp8_gemm", "fp8_gemm_block", "fp8_gemm_epilogue") + (
+                ("fp8_gemm_fast",) if (M, K, N) == (4096, 4096, 4096) else ())
             for op in ops:
                 out.append((f"{op} {M}x{K}x{N}", 2 * M * N * K // 1000, impls_of(_gemm_impls, M, K, N)[op]["fusedkit"]))
     return [c for c in out if not only or any(s in c[0] for s in only)]
@@ -117,7 +118,8 @@ def peers(cs):
         op, shape = name.split()
         if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode; block: our per-tensor split
             M, K, N = (int(v) for v in shape.split("x"))
-            label = "cublaslt" if op != "fp8_gemm_block" else "fusedkit_per_tensor"
+            label = {"fp8_gemm_block": "fusedkit_per_tensor",
+                     "fp8_gemm_epilogue": "cublaslt+compile"}.get(op, "cublaslt")
             out.append((name, nbytes, impls_of(_gemm_impls, M, K, N)[op][label], label))
             continue
         M, N = (int(v) for v in shape.split("x"))
