@@ -481,6 +481,20 @@ def _stop_on_sigterm(signum, frame):
     raise _Stopped()
 
 
+def measure_until_sigterm(measure, rows) -> str | None:
+    """Runs measure() (which appends to rows) with SIGTERM turned into a clean stop: returns None when it
+    finished, else a note for the results JSON ("partial"); rows keeps everything measured before."""
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        measure()
+        return None
+    except _Stopped:
+        print(f"bench: stopped (SIGTERM) after {len(rows)} rows; writing those", file=sys.stderr)
+        return f"stopped by SIGTERM; {len(rows)} rows measured"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_gpu(args):
     import torch
     timer = GpuTimer(torch)
@@ -499,23 +513,22 @@ def run_gpu(args):
         pats = [p.strip() for p in args.only.split(",") if p.strip()]
         work = [w for w in work if any(p in w[2] for p in pats)]
     prog = _progress(len(work), "bench")
-    try:
-        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+    def measure():
         _run_work(torch, timer, args, work, rows, prog)
         # opt-in (--only gemm) until the sm_90a kernel has passed its GPU tests: a hang there would stop
         # the whole benchmark
         if not args.quick and "gemm" in args.only:
             gemm_rows(torch, timer, rows, rounds=max(args.rounds, 3))
         if not args.only or "overhead" in args.only:
-            rows += overhead_rows(torch)
-    except _Stopped:
-        print(f"bench: stopped (SIGTERM) after {len(rows)} rows; writing those", file=sys.stderr)
-        return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows,
-                "partial": f"stopped by SIGTERM; {len(rows)} rows measured"}
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        prog.close()
-    return {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
+            rows.extend(overhead_rows(torch))
+
+    partial = measure_until_sigterm(measure, rows)
+    prog.close()
+    res = {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": rows}
+    if partial:
+        res["partial"] = partial
+    return res
 
 
 def _run_work(torch, timer, args, work, rows, prog) -> None:

@@ -60,3 +60,52 @@ def test_bench_rejects_zero_rounds(capsys):
     assert e.value.code == 2
     assert "give 1 or more rounds" in capsys.readouterr().err
 
+
+
+def test_sigterm_keeps_the_rows_measured_so_far():
+    import signal
+    rows = []
+
+    def measure():
+        rows.append({"op": "a"})
+        os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` sends it
+        rows.append({"op": "never"})
+
+    before = signal.getsignal(signal.SIGTERM)
+    note = bench.measure_until_sigterm(measure, rows)
+    assert rows == [{"op": "a"}] and "1 rows" in note
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+    assert bench.measure_until_sigterm(lambda: rows.append({"op": "b"}), rows) is None
+
+
+def test_gemm_rows_interleave_rounds_and_keep_the_fastest(monkeypatch):
+    calls, times = [], {"fusedkit": [3.0, 1.0, 2.0], "cublaslt": [2.0, 2.5, 1.5]}
+
+    class Timer:
+        def ms(self, fn):
+            return fn()
+
+    def impl(name):
+        def fn():
+            calls.append(name)
+            if name == "broken":
+                raise RuntimeError("no kernel")
+            return times[name][sum(c == name for c in calls) - 1]
+        return fn
+
+    class FakeTorch:
+        class cuda:
+            @staticmethod
+            def empty_cache():
+                pass
+
+    monkeypatch.setattr(bench, "GEMM_WORK", [(128, 256, 512)])
+    monkeypatch.setattr(bench, "_gemm_impls", lambda torch, M, K, N: {
+        "fp8_gemm": {n: impl(n) for n in ("fusedkit", "cublaslt", "broken")}})
+    rows = bench.gemm_rows(FakeTorch, Timer(), rounds=3)
+    assert calls[:3] == ["fusedkit", "cublaslt", "broken"]  # interleaved; a failing impl is dropped
+    assert calls[3:] == ["fusedkit", "cublaslt"] * 2
+    got = {r["impl"]: r for r in rows}
+    assert set(got) == {"fusedkit", "cublaslt"}
+    assert got["fusedkit"]["ms"] == 1.0 and got["cublaslt"]["ms"] == 1.5
+    assert got["fusedkit"]["TFLOPs"] == pytest.approx(2 * 128 * 256 * 512 / 1.0 / 1e9)
