@@ -10,7 +10,8 @@
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
 #   steer the profile stage; GEMM_SANITIZE=0 / GEMM_BENCH=0 skip the gemm stage's memcheck / benchmark; AB_TIMEOUT (default 240 s)
 #   bounds the abopts stage (GEMM cases compile for minutes: give them more).
-#   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all).
+#   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all);
+#   TEST_OPTIONS="-DX=1" builds its kernels with those NVRTC defines (the other stages keep the shipped ones).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
 #   (tools/bench_sweep_winners.py; sweep and confirmation in one call).
 set -u
@@ -49,7 +50,12 @@ if has test; then
   # the forced-cluster GEMM test runs in the gemm stage, first and under its own timeout (a hang there
   # must not eat the whole test stage)
   K="not cluster_multicast${PYTEST_K:+ and ($PYTEST_K)}"
-  ( timeout $(left ${TEST_TIMEOUT:-420}) python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} -k "$K" -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+  # TEST_OPTIONS: NVRTC defines for the test stage only (an experiment's tests beside a shipped-build A/B)
+  ( [ -n "${TEST_OPTIONS:-}" ] && export FUSEDKIT_NVRTC_OPTIONS="$TEST_OPTIONS"
+    if [[ "${PYTEST_ARGS:-}" == *fp8_gemm* ]]; then  # its GEMM kernels compiled in parallel, not one by one
+      timeout $(left 150) python3 tools/precompile_gemm.py > "$OUT/test_precompile.log" 2>&1
+    fi
+    timeout $(left ${TEST_TIMEOUT:-420}) python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} -k "$K" -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
 fi
 if has sanitize; then
@@ -127,6 +133,15 @@ if has abflush; then  # the share of the ratios the benchmark's dirty-L2 flush t
   timeout $(left 200) python3 tools/ab_flush.py "$OUT/ab_flush.json" > "$OUT/ab_flush.log" 2>&1; echo "abflush rc=$?" >> "$OUT/ab_flush.log"
 fi
 if has abopts; then  # compile-time experiments A/B in one process: AB_OPTIONS, AB_OPS (tools/ab_nvrtc_options.py)
+  if [[ "${AB_OPS:-}" == *gemm* ]]; then  # the GEMM kernels of every variant, compiled in parallel first
+    IFS=';' read -ra vs <<< ";${AB_OPTIONS:-}"
+    for v in "${vs[@]}"; do
+      for st in ", 1, 1>" ", 1, 2>"; do
+        FUSEDKIT_NVRTC_OPTIONS="${v%%@*}" timeout $(left 120) python3 tools/precompile_gemm.py "E4M3, fk::E4M3" "$st" \
+          >> "$OUT/ab_precompile.log" 2>&1
+      done
+    done
+  fi
   timeout $(left ${AB_TIMEOUT:-240}) python3 tools/ab_nvrtc_options.py "$OUT/ab_nvrtc_options.json" > "$OUT/ab_nvrtc_options.log" 2>&1; echo "abopts rc=$?" >> "$OUT/ab_nvrtc_options.log"
 fi
 if has abweights; then  # FP8-output norms with bf16 against fp32 weights (tools/ab_norm_fp8_weights.py)
