@@ -531,6 +531,23 @@ def run_gpu(args):
     return res
 
 
+def time_rounds(timer, op, fns, rounds) -> dict:
+    """{impl: [ms per round]}: the implementations of one (op, shape) timed `rounds` times, interleaved
+    (each keeps its fastest median: a slow spell of the card, clock or power, then has to hit every
+    round to show). An implementation that raises is reported and left out."""
+    times = {impl: [] for impl in fns}
+    for _ in range(rounds):
+        for impl, fn in fns.items():
+            if impl not in times:
+                continue  # failed in an earlier round
+            try:
+                times[impl].append(timer.ms(fn))
+            except Exception as e:  # noqa: BLE001 - a failing impl is reported and left out
+                print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                del times[impl]
+    return times
+
+
 def _run_work(torch, timer, args, work, rows, prog) -> None:
     """Times every (M, N, op, impls) of work, appending rows as each (op, shape) finishes."""
     for (M, N, op, impls) in work:
@@ -540,19 +557,7 @@ def _run_work(torch, timer, args, work, rows, prog) -> None:
         # 2026-12-04 21:50Z compared some rows against eager under the torch.compile name)
         _reset_dynamo(torch)
         fns = impls(torch, op, M, N, torch.bfloat16)
-        # --rounds R: the impls of one (op, shape) are timed R times, interleaved, and each keeps its
-        # fastest median: a slow spell of the card (clock, power) then has to hit every round to show
-        times = {impl: [] for impl in fns}
-        for _ in range(args.rounds):
-            for impl, fn in fns.items():
-                if impl not in times:
-                    continue  # failed in an earlier round
-                try:
-                    times[impl].append(timer.ms(fn))
-                except Exception as e:  # noqa: BLE001 - a failing impl is reported and left out
-                    print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                    del times[impl]
-        for impl, ts in times.items():
+        for impl, ts in time_rounds(timer, op, fns, args.rounds).items():
             rows.append({"op": op, "shape": [M, N], "dtype": "bfloat16", "impl": impl, "ms": min(ts),
                          "GBps": nbytes / min(ts) / 1e6, "TFLOPs": None, "ms_rounds": ts})
         del fns
@@ -621,17 +626,7 @@ def gemm_rows(torch, timer, rows=None, rounds=3):
             print(f"  fp8_gemm {M}x{K}x{N} setup failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
             continue
         for op, impls in ops.items():
-            times = {impl: [] for impl in impls}
-            for _ in range(rounds):
-                for impl, fn in impls.items():
-                    if impl not in times:
-                        continue  # failed in an earlier round
-                    try:
-                        times[impl].append(timer.ms(fn))
-                    except Exception as e:  # noqa: BLE001 - a failing impl is reported and left out
-                        print(f"  {op} {impl} failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                        del times[impl]
-            for impl, ts in times.items():
+            for impl, ts in time_rounds(timer, op, impls, rounds).items():
                 rows.append({"op": op, "shape": [M, K, N], "dtype": "e4m3", "impl": impl, "ms": min(ts),
                              "GBps": None, "TFLOPs": flops(M, N, K) / min(ts) / 1e9, "ms_rounds": ts})
                 print(f"  {op} {M}x{K}x{N} {impl:18s} {rows[-1]['TFLOPs']:7.0f} TFLOP/s", file=sys.stderr)
