@@ -64,7 +64,7 @@
 //     sectors) while the tensor cores idle; staged, the warpgroup spends one shared-memory write per pair
 //     and two named barriers, and the global writes go out as full lines under the next main loop.
 //     Measured on the H200 (2026-12-05): +25-29 % in fast mode at K = 4096, +3-16 % in split mode; the
-//     tile table uses them for bf16 / FP8 outputs (fast: WHOLE, split: STAGED). Output stage per
+//     tile table uses them for bf16 / FP8 outputs (fast: WHOLE, split and block: STAGED). Output stage per
 //     warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab (WHOLE: 32 KB for bf16 at BN = 256, so
 //     the ring holds 3 stages instead of 4).
 //   * FK_GEMM_EPI_OVERLAP (compile-time, off: no gain measured with direct stores): the next tile's first
