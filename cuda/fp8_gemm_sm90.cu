@@ -67,10 +67,8 @@
 //     tile table uses them for bf16 / FP8 outputs (fast: WHOLE, split and block: STAGED). Output stage per
 //     warpgroup: 16 KB in rounds (STAGED) or the whole 64 x BN slab (WHOLE: 32 KB for bf16 at BN = 256, so
 //     the ring holds 3 stages instead of 4).
-//   * FK_GEMM_EPI_OVERLAP (compile-time, off: no gain measured with direct stores): the next tile's first
-//     K block is issued before this tile's stores (fast: the outputs packed into registers first, which
-//     frees acc) or its whole epilogue (split: acc / acc2 are free once the last block is promoted); see
-//     the main loops.
+//   * Removed after measuring (2026-12-05): the next tile's first K block issued before a tile's epilogue
+//     (FK_GEMM_EPI_OVERLAP; no gain: ab_gemm_epi_overlap_2026-12-05T0252Z.json).
 // Bytes moved: M K + N K (each operand read once per tile row / column: (N / BN) M K + (M / 128) N K from
 //   L2, the grouped walk keeps most of it there) + M N x out size (+ M N x out size for accumulate_into).
 //   FLOPs 2 M N K: compute-bound for M, N, K >= 1024.
@@ -147,9 +145,6 @@ struct alignas(64) TmaMap {
 #ifndef FK_GEMM_OFFSET_PAIRS
 #define FK_GEMM_OFFSET_PAIRS 1   // 0 never, 1 GEMM_BLOCK only, 2 SPLIT and BLOCK: see the main loop
 #endif
-#ifndef FK_GEMM_EPI_OVERLAP
-#define FK_GEMM_EPI_OVERLAP 0    // 1: SPLIT / BLOCK (without offset pairs) run a tile's epilogue under the
-#endif                           // next tile's first K block (no gain on the H200, 2026-12-05; main loop)
 #ifndef FK_GEMM_WG_LAG_NS
 #define FK_GEMM_WG_LAG_NS 0      // > 0: the second consumer warpgroup starts this many ns after the first
 #endif                           // (experiment: staggered epilogues; see the consumers)
@@ -793,30 +788,11 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     };
 
     if constexpr (MODE == GEMM_FAST) {
-      // Epilogue overlap (FK_GEMM_EPI_OVERLAP, 16-bit and 8-bit outputs): the tile's values are packed
-      // into pk (64 registers), which frees acc; the next tile's first K block is issued into acc before
-      // the packed pairs are stored, so the tensor cores run under the stores (the last tile's after
-      // the loop). The group in flight retires inside the pass that issued it.
-      constexpr bool kFastOverlap = FK_GEMM_EPI_OVERLAP != 0 && GemmOut<OUT>::bytes <= 2;
-      int prev_tm = 0, prev_tn = 0;
-      bool have_prev = false;
       for (int t = unit0; t < num_units; t += unit_step) {
         int tm, tn;
         tile_coords(t, tm, tn);
-        int prev = 0, kb = 0;
-        if constexpr (kFastOverlap) {                // K > 0: block 0 exists; issued unconditionally (C7517)
-          mbar_wait(full_bar(s), phase);
-          const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < kGemmBK / 32; ++k) Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, k > 0 ? 1 : 0);
-          wgmma_commit();
-          prev = s;
-          if (++s == STAGES) { s = 0; phase ^= 1u; }
-          if (have_prev) epilogue_store(prev_tm, prev_tn);
-          kb = 1;
-        }
-        for (; kb < k_blocks; ++kb) {
+        int prev = 0;
+        for (int kb = 0; kb < k_blocks; ++kb) {
           mbar_wait(full_bar(s), phase);
           const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
           wgmma_fence();
@@ -832,16 +808,8 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
         gemm_release<CLUSTER>(empty_bar(prev), lane);
-        if constexpr (kFastOverlap) {
-          epilogue_pack(acc, tm, tn);
-          have_prev = true;
-          prev_tm = tm;
-          prev_tn = tn;
-        } else {
-          epilogue(acc, tm, tn);
-        }
+        epilogue(acc, tm, tn);
       }
-      if (kFastOverlap && have_prev) epilogue_store(prev_tm, prev_tn);   // the last tile's
     } else {
       // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
       // while block kb is promoted into fin (wait_group 1); the pair's second promotion still waits for
@@ -854,17 +822,10 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
       // +5.3% at all five benchmark shapes; SPLIT -7.6 to +1.7% (mixed; the fast-accumulation rows,
       // unaffected by the flag, moved up to 6% between the two runs) -> on for BLOCK only.
       constexpr bool kOffsetPairs = FK_GEMM_OFFSET_PAIRS == 2 || (FK_GEMM_OFFSET_PAIRS == 1 && MODE == GEMM_BLOCK);
-      // Epilogue overlap (FK_GEMM_EPI_OVERLAP, without offset pairs): once a tile's last block is
-      // promoted, acc and acc2 are free while fin still holds the tile. The next tile's first K block is
-      // issued before this tile's epilogue runs, so the tensor cores work through the epilogue; then fin
-      // is zeroed and that block retires into it. Same additions in the same order: same bits. Every
-      // group in flight retires inside the pass that issued it (none crosses the back edge), so the
-      // epilogue of a pass is the previous tile's and the last tile's runs after the loop. With the
-      // next pair in flight instead (128 registers locked) the epilogue spilled 150-210 B.
-      constexpr bool kEpiOverlap = FK_GEMM_EPI_OVERLAP != 0 && !kOffsetPairs;
-      int tm = 0, tn = 0, prev_tm = 0, prev_tn = 0;
+      // (Issuing the next tile's first K block before a tile's epilogue, while fin still holds the tile,
+      // gained nothing on the H200; with the next pair in flight instead the epilogue spilled 150-210 B.)
+      int tm = 0, tn = 0;
       int sa_row0 = 0, sa_row1 = 0;                  // this thread's rows, clamped (block scales)
-      bool have_prev = false;
       float s0a = 1.f, s1a = 1.f, s0b = 1.f, s1b = 1.f;   // block scales of the blocks in acc / acc2
       int blk_a = 0, blk_b = 0;                             // their stages, released once promoted
       auto issue = [&](float (&d)[NR], float& sc0, float& sc1, int& blk, int kb) {
@@ -884,26 +845,13 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         sa_row0 = min(r0, M - 1);
         sa_row1 = min(r0 + 8, M - 1);
         int kb = 0;
-        if constexpr (kEpiOverlap) {
-          // K > 0 (the host launches no kernel otherwise): block 0 exists. The issue is not
-          // conditional: a conditional one made NVVM copy the accumulators at the merge, and ptxas
-          // then waited right after the issue (C7517), before the epilogue.
-          issue(acc, s0a, s1a, blk_a, 0);
-          if (have_prev) epilogue(fin, prev_tm, prev_tn);
 #pragma unroll
-          for (int i = 0; i < NR; ++i) fin[i] = 0.f;
+        for (int i = 0; i < NR; ++i) fin[i] = 0.f;
+        if (kOffsetPairs && cw == 1 && k_blocks > 0) {
+          issue(acc, s0a, s1a, blk_a, 0);
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
           kb = 1;
-        } else {
-#pragma unroll
-          for (int i = 0; i < NR; ++i) fin[i] = 0.f;
-          if (kOffsetPairs && cw == 1 && k_blocks > 0) {
-            issue(acc, s0a, s1a, blk_a, 0);
-            wgmma_wait<0>();
-            retire(acc, s0a, s1a, blk_a);
-            kb = 1;
-          }
         }
         for (; kb + 2 <= k_blocks; kb += 2) {         // a pair: kb in acc, kb + 1 in acc2
           issue(acc, s0a, s1a, blk_a, kb);
@@ -918,15 +866,8 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
         }
-        if constexpr (kEpiOverlap) {
-          have_prev = true;
-          prev_tm = tm;
-          prev_tn = tn;
-        } else {
-          epilogue(fin, tm, tn);
-        }
+        epilogue(fin, tm, tn);
       }
-      if (kEpiOverlap && have_prev) epilogue(fin, prev_tm, prev_tn);   // the last tile's
     }
     // The last staged stores have read shared memory before the block's shared memory is released.
     if constexpr (STORE != GEMM_STORE_DIRECT) {

@@ -16,7 +16,7 @@ Writes JSON to argv[1].
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
-    AB_OPTIONS="-DFK_GEMM_EPI_OVERLAP=1" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
+    AB_OPTIONS="-DFK_GEMM_WG_LAG_NS=300" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
