@@ -870,9 +870,10 @@ def main(argv=None) -> int:
             gpu = torch.cuda.is_available()
         except ImportError:
             gpu = False
-    res = run_gpu(args) if gpu else run_cpu(args)
-    res = {**run_meta(res["device"]), "copy_GBps": res["copy_GBps"], "rows": res["rows"],
-           **({"partial": res["partial"]} if "partial" in res else {})}
+    measured = run_gpu(args) if gpu else run_cpu(args)
+    res = {**run_meta(measured["device"]), "copy_GBps": measured["copy_GBps"], "rows": measured["rows"]}
+    if "partial" in measured:  # stopped by SIGTERM: the rows measured before it
+        res["partial"] = measured["partial"]
     if gpu:
         res["rounds"] = args.rounds
         res["torch_compile_fresh"] = True  # torch._dynamo.reset() before every (op, shape): see run_gpu

@@ -246,6 +246,7 @@ def test_registry_entry():
     assert cuda_gemm.config(4096, 4096, "fast") == (256, 3, 1, "whole")
     assert cuda_gemm.config(4096, 4096, "fast", out="float32") == (256, 4, 1, "direct")
     assert cuda_gemm.config(4096, 4096, "split") == (128, 6, 1, "staged")
+    assert cuda_gemm.config(4096, 4096, "block") == (128, 6, 1, "staged")
     assert cuda_gemm.config(256, 256, "fast")[:2] == (128, 6)  # too few 256-wide tiles for 132 SMs
     for M, N, mode in ((4096, 4096, "fast"), (4096, 4096, "split"), (256, 256, "block")):  # built variants
         for out in cuda_gemm.OUT_CXX:

@@ -73,8 +73,8 @@ for p in "${pids[@]}"; do wait "$p"; done
 if has gemm; then  # the FP8 GEMM on its own (keep it out of the test stage: PYTEST_K="not gemm ...")
   # every registered GEMM kernel compiled first, in parallel (one NVRTC call each takes seconds; the tests
   # would otherwise compile ~50 of them one after the other)
-  timeout $(left 150) python3 -c "from fusedkit.bench import precompile; from fusedkit.backends import cuda_gemm as g; precompile(g.FILE, g.all_expressions()[g.FILE])" \
-    > "$OUT/gemm_precompile.log" 2>&1; echo "gemm precompile rc=$?" >> "$OUT/gemm_precompile.log"
+  timeout $(left 150) python3 tools/precompile_gemm.py > "$OUT/gemm_precompile.log" 2>&1
+  echo "gemm precompile rc=$?" >> "$OUT/gemm_precompile.log"
   # two-CTA cluster kernels first, under a short timeout: if they fail or hang, the rest skips them
   if ! timeout $(left 90) python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_gemm.py -k cluster_multicast \
       > "$OUT/gemm_cluster.log" 2>&1; then
