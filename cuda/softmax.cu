@@ -40,7 +40,7 @@
 // (load_x_row); a per-row mask byte is tested only after that. Both changes are checked in the SASS,
 // not yet measured on the GPU (docs/perf_notes.rst).
 //
-// Backward (softmax_bwd, _cluster, _looped; same row mappings): one reduction, D = sum(dy * y)
+// Backward (softmax_bwd, _cluster, _staged, _looped; same row mappings): one reduction, D = sum(dy * y)
 // (log-softmax: D = sum(dy)), then dx = scale * y * (dy - D) (log-softmax: scale * (dy - exp(y) * D)).
 // Masked positions have y = 0 (log: -inf), so they get dx = 0 with no mask input.
 //
@@ -680,35 +680,50 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
   return LOG ? scale * (dy - exp2_nonpos(y * kLog2e) * d) : scale * y * (dy - d);
 }
 
-template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
-__device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
-                                                T* __restrict__ dx, long long row, bool row_ok, int N,
-                                                float scale, int v0, int vend, StatsBox<CLUSTER>* box) {
-  constexpr int T_ROW = 32 * WARPS;
-  const long long base = row * (long long)N;
-  Vec<T, VEC> yr[ITEMS], gr[ITEMS];
-  float d = 0.f;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = v0 + threadIdx.x + i * T_ROW;
-    if (row_ok && v < vend) {
-      yr[i] = load_vec<T, VEC>(y + base + (long long)v * VEC);
-      gr[i] = load_vec<T, VEC>(dy + base + (long long)v * VEC);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) yr[i].v[j] = gr[i].v[j] = from_float<T>(0.f);
+// How a CTA's partial D becomes the row's (an identity without a cluster). OneShotSum: one row per
+// cluster (softmax_bwd_cluster): cluster_sum, then the arrive of the closing cluster barrier. StepSum:
+// the k-th row of a persistent kernel (softmax_bwd_staged), through a two-slot mailbox as StepMerge.
+template <int CLUSTER>
+struct OneShotSum {
+  StatsBox<CLUSTER>* box;
+  __device__ __forceinline__ float operator()(float d) const {
+    if constexpr (CLUSTER > 1) {
+      d = cluster_sum<CLUSTER>(d, box);
+      cluster_arrive();
     }
+    return d;
   }
+};
+
+template <int CLUSTER>
+struct StepSum {
+  ClusterMailbox<float4, CLUSTER, 2>* box;
+  int step, rank;
+  __device__ __forceinline__ float operator()(float d) const {
+    if constexpr (CLUSTER > 1) {
+      if (threadIdx.x == 0) box->send_all(make_float4(d, 0.f, 0.f, 0.f), step, rank);
+      d = sum_ranks<CLUSTER>(box->receive(step));
+      if (threadIdx.x == 0) box->rearm(step);
+    }
+    return d;
+  }
+};
+
+// D of a row whose y and dy vectors sit in registers (zeros past the CTA's part), then dx. Vector i of
+// thread t is vector v0 + t + i * T_ROW of the row; row_ok false: the thread only takes part in the
+// reductions.
+template <typename T, int VEC, int ITEMS, int WARPS, bool LOG, typename SUM>
+__device__ __forceinline__ void softmax_bwd_finish(const Vec<T, VEC> (&yr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
+                                                   T* __restrict__ dx, long long base, bool row_ok, int v0,
+                                                   int vend, float scale, const SUM& sum) {
+  constexpr int T_ROW = 32 * WARPS;
+  float d = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) d += bwd_term<LOG>(elem_float<T, VEC>(yr[i], j), elem_float<T, VEC>(gr[i], j));
   int parity = 0;
-  d = row_sum_alternating<WARPS>(d, parity);
-  if constexpr (CLUSTER > 1) {
-    d = cluster_sum<CLUSTER>(d, box);
-    cluster_arrive();
-  }
+  d = sum(row_sum_alternating<WARPS>(d, parity));
   if (!row_ok) return;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -721,6 +736,27 @@ __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const 
       store_vec<T, VEC>(dx + base + (long long)v * VEC, out);
     }
   }
+}
+
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const T* __restrict__ y,
+                                                T* __restrict__ dx, long long row, bool row_ok, int N,
+                                                float scale, int v0, int vend, StatsBox<CLUSTER>* box) {
+  constexpr int T_ROW = 32 * WARPS;
+  const long long base = row * (long long)N;
+  Vec<T, VEC> yr[ITEMS], gr[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + threadIdx.x + i * T_ROW;
+    if (row_ok && v < vend) {
+      yr[i] = load_vec<T, VEC>(y + base + (long long)v * VEC);
+      gr[i] = load_vec<T, VEC>(dy + base + (long long)v * VEC);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) yr[i].v[j] = gr[i].v[j] = from_float<T>(0.f);
+    }
+  }
+  softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, base, row_ok, v0, vend, scale, OneShotSum<CLUSTER>{box});
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS, bool LOG>
@@ -743,6 +779,85 @@ softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __rest
   const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
   softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &box);
   cluster_wait();
+}
+
+// Long rows, staged backward (sm_90): softmax_fwd_staged's scheme. Persistent; each CTA (CLUSTER per row)
+// walks rows row0, row0 + G, ...; its chunks of the next row's y and dy arrive by two bulk copies on one
+// mbarrier into shared memory while it finishes the current row from registers: wait, move both chunks
+// to registers (the mapping of softmax_bwd_cluster), a block barrier, thread 0 issues the next row's
+// copies, then D, its cluster sum (StepSum) and dx. The same per-thread order of the sums as
+// softmax_bwd_cluster with the same (ITEMS, WARPS, CLUSTER), so the two give the same bits. Written so
+// that the backward's clusters (8 x 1024 threads at 262144, 0.82 of copy: a new cluster waits for 8 free
+// SMs of one GPC per row) become resident once; not yet measured. Needs 16-byte vectors (the host
+// checks); dynamic shared memory = 2 x ceil(N / VEC / CLUSTER) x 16 bytes (y's chunk, then dy's).
+// Up to 4 vectors of each a thread keeps softmax_bwd_cluster's register cap (64 at 512 threads: two CTAs
+// per SM where the shared memory allows); 8 vectors (110 registers) run one CTA per SM.
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+__global__ void __launch_bounds__(32 * WARPS, ITEMS <= 4 ? SoftmaxMinBlocks<32 * WARPS>::value : 1)
+softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
+                   float scale) {
+  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
+  constexpr int T_ROW = 32 * WARPS;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char softmax_stage[];
+  __shared__ unsigned long long bar;
+  __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's partial D of a row
+  const long long G = gridDim.x / CLUSTER;
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
+  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  const unsigned bytes = (unsigned)(vend - v0) * 16u;
+  V* y_stage = reinterpret_cast<V*>(softmax_stage);
+  V* g_stage = y_stage + chunk;
+  const StageRing ring(&bar, 1);
+  long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
+  if (threadIdx.x == 0) {
+    ring.init();
+    if constexpr (CLUSTER > 1) box.init();
+    if (bytes > 0) {
+      const long long off = row * (long long)N + (long long)v0 * VEC;
+      ring.expect(0, 2u * bytes);
+      bulk_load(y_stage, y + off, bytes, ring.bar(0));
+      bulk_load(g_stage, dy + off, bytes, ring.bar(0));
+    }
+  }
+  __syncthreads();  // the barrier's init is visible
+  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
+    cluster_arrive();
+    cluster_wait();
+  }
+  unsigned phase = 0;
+  for (int step = 0; row < M; row += G, ++step) {
+    if (bytes > 0) {
+      ring.wait(0, phase);
+      phase ^= 1u;
+    }
+    V yr[ITEMS], gr[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = v0 + threadIdx.x + i * T_ROW;
+      if (v < vend) {
+        yr[i] = y_stage[v - v0];
+        gr[i] = g_stage[v - v0];
+      } else {
+        vec_zero(yr[i]);
+        vec_zero(gr[i]);
+      }
+    }
+    __syncthreads();  // both chunks are read: refill them with the next row's
+    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
+      const long long off = (row + G) * (long long)N + (long long)v0 * VEC;
+      ring.expect(0, 2u * bytes);
+      bulk_load(y_stage, y + off, bytes, ring.bar(0));
+      bulk_load(g_stage, dy + off, bytes, ring.bar(0));
+    }
+    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, row * (long long)N, true, v0, vend, scale,
+                                                  StepSum<CLUSTER>{&box, step, rank});
+  }
+  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
+    cluster_arrive();
+    cluster_wait();
+  }
 }
 
 template <typename T, int VEC, bool LOG>

@@ -474,6 +474,23 @@ def test_configs():
     assert cs.fwd_config(262144, 2, staged=True)[0] == "staged"
     assert cs.fwd_config(262144, 2, staged=True, max_vec=4)[0] == "cluster"  # bulk copies need 16-byte vectors
     assert cs.fwd_config(262144, 2, clusters=False, staged=True)[0] == "looped"  # and sm_90
+    assert cs.bwd_config(262144, 2, staged=True) == cs.bwd_config(262144, 2)  # staged backward: not tuned yet
+    for N, cands in cs.STAGED_BWD_CANDIDATES.items():
+        for cfg in cands:
+            vec, items, warps, c = cfg[1:5]
+            assert cfg[0] == "staged" and c * 32 * warps * items * vec >= N and items <= 8
+            assert cs.staged_smem(cfg, N, 2) <= 200 * 1024
+
+
+def test_staged_backward_rule(monkeypatch):
+    """A TUNED_STAGED_BWD entry is taken only where the staged kernel can run (clusters, 16-byte vectors)."""
+    monkeypatch.setitem(cs.TUNED_STAGED_BWD, (262144, 2), (4, 32, 8))
+    assert cs.bwd_config(262144, 2, staged=True) == ("staged", 8, 4, 32, 8)
+    assert cs.bwd_config(262144, 2) == ("cluster", 8, 4, 32, 8)  # callers that cannot stage
+    assert cs.bwd_config(262144, 2, staged=True, max_vec=4)[0] != "staged"  # bulk copies need 16-byte vectors
+    assert cs.bwd_config(262144, 2, clusters=False, staged=True)[0] == "looped"
+    assert cs.bwd_expr(("staged", 8, 4, 32, 8), "bfloat16", False) == "fk::softmax_bwd_staged<fk::bf16, 8, 4, 32, 8, false>"
+    assert cs.staged_smem(("staged", 8, 4, 32, 8), 262144, 2) == 2 * 4096 * 16
 
 
 def test_full_rows_flag():
@@ -590,6 +607,40 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     assert_close(fk.log_softmax(X), log_softmax64(x), "bfloat16", "log_softmax")
     assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", "y fp32")
     assert all(plan[5] is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N, cfg, max_grid", [
+    (262144, ("staged", 8, 4, 32, 8), None),     # the first sweep candidate: clusters of 8 x 1024 threads
+    (262144, ("staged", 8, 8, 16, 8), 1),        # one cluster walks all 6 rows; 8 vectors of y and dy a thread
+    (65544, ("staged", 8, 4, 32, 4), 2),         # cluster of 4, last chunk partial, 3 rows per cluster
+    (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
+    (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
+], ids=str)
+def test_staged_backward(monkeypatch, N, cfg, max_grid):
+    """The persistent staged backward (bulk copies of the next row's y and dy per CTA) against the float64
+    reference (softmax with a scale, log-softmax), and bit-equal to the cluster kernel of the same split
+    (the same order of every sum)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cs, "STAGED_MAX_GRID", max_grid)
+    rng = rng_for("staged_bwd", N, cfg, max_grid)
+    x, dy = rand(rng, (2, 3, N), "bfloat16", scale=2.0), rand(rng, (2, 3, N), "bfloat16")
+    X, DY = to_backend(x, "torch"), to_backend(dy, "torch")
+    for log in (False, True):
+        scale = 1.0 if log else 0.5
+        y = fk.log_softmax(X) if log else fk.softmax(X, scale=scale)
+        backward = fk.log_softmax_backward if log else fk.softmax_backward
+        got = {}
+        for kind in ("staged", "cluster"):
+            monkeypatch.setattr(cs, "bwd_config", lambda *a, k=kind, **kw: (k,) + cfg[1:])
+            monkeypatch.setattr(cs, "_bwd_plans", {})
+            got[kind] = backward(DY, y, scale=scale)
+            assert [plan[5] is not None for plan in cs._bwd_plans.values()] == [kind == "staged"]
+        assert_rows(got["staged"], grad64(x, dy, scale, log), "bfloat16",
+                    f"dx log={log}")
+        assert torch.equal(got["staged"].view(torch.int16), got["cluster"].view(torch.int16)), \
+            f"staged and cluster backward differ (log={log})"
     torch.cuda.synchronize()
 
 

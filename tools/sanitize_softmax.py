@@ -1,7 +1,7 @@
 """Small softmax calls covering every kernel kind once (register rows with several rows per block and
 with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
 causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
-fp16, fp32 and an fp32 output; the persistent staged forward), for compute-sanitizer memcheck /
+fp16, fp32 and an fp32 output; the persistent staged forward and backward), for compute-sanitizer memcheck /
 racecheck / synccheck. CuPy arrays (no bf16: the 16-bit paths are shared with fp16). Exits non-zero on
 a wrong result.
 
@@ -82,7 +82,21 @@ for shape, cfg in (((5, 65536), ("staged", 8, 8, 32, 1)), ((5, 65544), ("staged"
     x = (rng.standard_normal(shape) * 2).astype("float16")
     check(f"staged softmax {cfg} {shape}", fk.softmax(cupy.asarray(x), scale=0.5), ref.softmax(x, scale=0.5), 4e-3)
     seen.add("staged")
-cs.fwd_config, cs._fwd_plans, cs.STAGED_MAX_GRID = real_fwd_config, {}, None
+cs.fwd_config, cs._fwd_plans = real_fwd_config, {}
+# the staged backward (y and dy staged): the same walks, softmax and log-softmax
+real_bwd_config = cs.bwd_config
+for shape, cfg in (((5, 65536), ("staged", 8, 4, 32, 2)), ((5, 65544), ("staged", 8, 4, 32, 4)),
+                   ((5, 800), ("staged", 8, 1, 1, 16))):
+    cs.bwd_config, cs._bwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
+    x = (rng.standard_normal(shape) * 2).astype("float16")
+    dy = rng.standard_normal(shape).astype("float16")
+    X, DY = cupy.asarray(x), cupy.asarray(dy)
+    y, yl = fk.softmax(X, scale=0.5), fk.log_softmax(X)
+    check(f"staged softmax_backward {cfg} {shape}", fk.softmax_backward(DY, y, scale=0.5),
+          ref.softmax_backward(dy, cupy.asnumpy(y), scale=0.5), 4e-3)
+    check(f"staged log_softmax_backward {cfg} {shape}", fk.log_softmax_backward(DY, yl),
+          ref.log_softmax_backward(dy, cupy.asnumpy(yl)), 4e-2)
+cs.bwd_config, cs._bwd_plans, cs.STAGED_MAX_GRID = real_bwd_config, {}, None
 cupy.cuda.Device().synchronize()
 if seen != {"rows", "cluster", "looped", "staged"}:
     print("kernel kinds covered:", sorted(seen), "(clusters need sm_90)")

@@ -1,6 +1,6 @@
 """Sweep the softmax kernels' launch configs on the GPU (bf16, M x N = 2**27): register rows (warps x
-vectors per thread), clusters (C CTAs x warps x vectors), the staged forward (rows of 32768+) and the
-looped kernel, forward and backward.
+vectors per thread), clusters (C CTAs x warps x vectors), the staged forward and backward (rows of
+32768+) and the looped kernel, forward and backward.
 
     python3 tools/sweep_softmax.py out.json
 
@@ -10,7 +10,7 @@ keeps those kinds only.
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_MASKED_FWD /
-TUNED_STAGED_FWD / TUNED_BWD or its rule.
+TUNED_STAGED_FWD / TUNED_STAGED_BWD / TUNED_BWD or its rule.
 """
 import json
 import os
@@ -45,6 +45,15 @@ def candidates(N, direction):
                 for items in (4, 8):
                     cap = c * 32 * warps * items
                     if items >= MIN_ITEMS and cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
+                        out.append(("staged", vec, items, warps, c))
+    if direction == "bwd" and N >= 32768:  # the persistent staged backward (y and dy chunks <= 200 KB)
+        for c in (2, 4, 8, 16):
+            for warps in (16, 32):
+                for items in (2, 4, 8):
+                    cap = c * 32 * warps * items
+                    if items == 8 and warps == 32:   # 8 vectors of y and dy: ~110 registers, 512 threads at most
+                        continue
+                    if items >= MIN_ITEMS and cap >= nv > cap // 2 and 2 * -(-nv // c) * 16 <= 200 * 1024:
                         out.append(("staged", vec, items, warps, c))
     return out + [("looped", vec)]
 

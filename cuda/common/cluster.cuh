@@ -196,17 +196,23 @@ __device__ __forceinline__ S cluster_merge(S v, StatsBox<CLUSTER>* box) {
   return merge_ranks<CLUSTER, S>(box->receive(0));
 }
 
-// Sum over the cluster of one value per CTA (identical in every thread of a CTA); same protocol.
+// The sum of the CLUSTER floats (.x, index = sender rank) of a ClusterMailbox step: a butterfly over
+// CLUSTER lanes, lane 0's result to the whole warp (the same bits in every CTA).
 template <int CLUSTER>
-__device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
-  cluster_wait();
-  if (threadIdx.x == 0 && threadIdx.y == 0) box->send_all(make_float4(d, 0.f, 0.f, 0.f), 0, cluster_ctarank());
-  const float4* all = box->receive(0);
+__device__ __forceinline__ float sum_ranks(const float4* all) {
   const int lane = threadIdx.x & 31;
   float r = lane < CLUSTER ? all[lane].x : 0.f;
 #pragma unroll
   for (int off = CLUSTER / 2; off > 0; off >>= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
   return __shfl_sync(0xffffffffu, r, 0);
+}
+
+// Sum over the cluster of one value per CTA (identical in every thread of a CTA); same protocol.
+template <int CLUSTER>
+__device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
+  cluster_wait();
+  if (threadIdx.x == 0 && threadIdx.y == 0) box->send_all(make_float4(d, 0.f, 0.f, 0.f), 0, cluster_ctarank());
+  return sum_ranks<CLUSTER>(box->receive(0));
 }
 
 }  // namespace fk

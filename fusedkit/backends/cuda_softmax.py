@@ -10,6 +10,8 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 * ``("staged", vec, items, warps, C)``: sm_90, unmasked forward only: the register mapping of
   ``cluster`` (C = 1: a CTA per row) in a persistent grid, each CTA's chunk of the next row arriving by a
   bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
+  The backward has the same kind for y and dy (two bulk copies per row; TUNED_STAGED_BWD, empty until
+  measured: ``config=`` and tools/sweep_softmax.py reach it).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -57,6 +59,13 @@ TUNED_MASKED_FWD: dict = {(1024, 2): ("rows", 4, 1)}
 # register config 0.777); at 65536 the best staged split, 2 x 512 threads, 0.825, lost to one
 # register CTA per row (0.866), so 65536 keeps that.
 TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
+# The staged backward: (items, warps, C) per (N, itemsize). Written 2026-12-05 without a device: the
+# backward at 262144 reads 0.82 of copy with any cluster split (a non-persistent grid of clusters of 8,
+# each waiting for 8 free SMs of one GPC) against 0.95 at 65536 with clusters of 4; the persistent
+# staged kernel makes its clusters resident once. Not measured yet, so nothing picks it by default;
+# STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
+TUNED_STAGED_BWD: dict = {}
+STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
 STAGED_MAX_GRID = None
 
 # MASKING template values (cuda/softmax.cu)
@@ -101,8 +110,12 @@ def fwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, 
     return _rule(N, itemsize, MAX_ITEMS_FWD[itemsize], CLUSTERS if clusters else (), max_vec, tuned)
 
 
-def bwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16):
-    """Backward launch config (reads y and dy: half the vectors per thread of the forward)."""
+def bwd_config(N: int, itemsize: int, clusters: bool = True, max_vec: int = 16, staged: bool = False):
+    """Backward launch config (reads y and dy: half the vectors per thread of the forward); ``staged``:
+    the call may take the staged kernel (sm_90, 16-byte vectors) where TUNED_STAGED_BWD names N."""
+    t = TUNED_STAGED_BWD.get((N, itemsize))
+    if staged and clusters and t is not None and vec_width(N, itemsize, max_vec) * itemsize == 16:
+        return ("staged", vec_width(N, itemsize, max_vec)) + tuple(t)
     return _rule(N, itemsize, MAX_ITEMS_BWD, CLUSTERS if clusters else (), max_vec, TUNED_BWD)
 
 
@@ -149,6 +162,10 @@ def bwd_expr(cfg, dt, log) -> str:
     if cfg[0] == "cluster":
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_bwd_cluster<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
+    if cfg[0] == "staged":
+        assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
+        vec, items, warps, c = cfg[1:5]
+        return f"fk::softmax_bwd_staged<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
     return f"fk::softmax_bwd_looped<{T}, {cfg[1]}, {_b(log)}>"
 
 
@@ -163,9 +180,10 @@ def _geometry(cfg):
     return (LOOPED_THREADS, 1), 1, 1
 
 
-def staged_smem(cfg, N) -> int:
-    """Dynamic shared memory of a staged config: a CTA's chunk of the row, whole 16-byte vectors."""
-    return -(-(N // cfg[1]) // cfg[4]) * 16
+def staged_smem(cfg, N, tensors: int = 1) -> int:
+    """Dynamic shared memory of a staged config: a CTA's chunk of the row for each of ``tensors`` inputs
+    (the forward's x; the backward's y and dy), whole 16-byte vectors."""
+    return tensors * -(-(N // cfg[1]) // cfg[4]) * 16
 
 
 def _grid(M, rpb, per_row) -> int:
@@ -269,26 +287,27 @@ def _log_config(op, expr, grid, block):
 
 FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
-STAGED_CODES = "ppqif"  # x, y, M, N, scale
+STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES)
 
 
-def _launch_plan(op, cfg, expr_of, codes, device, rule, N):
+def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
     """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
     grid cap (resident clusters) only for the persistent staged kernel, else None. A config that cannot
     be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
-    (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``)."""
+    (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
+    ``staged_tensors``: the staged kernel's parameter codes and staged inputs (forward: x; backward: y, dy)."""
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
         expr = expr_of(c)
         if c[0] == "staged":
-            smem = staged_smem(c, N)
+            smem = staged_smem(c, N, staged_tensors)
             try:
                 # (also opts the kernel in to more than 48 KB of shared memory)
                 per_sm = blocks_per_sm(_jit.get_kernel(FILE, expr, device), expr, device, block[0], smem)
             except RuntimeError:
                 per_sm = 0
-            fn = launcher(FILE, expr, STAGED_CODES, device, per_row)
+            fn = launcher(FILE, expr, staged_codes, device, per_row)
             if per_row == 1 or not per_sm:
                 cap = per_sm * sm_count(device)
             else:
@@ -342,13 +361,18 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
     key = (N, dt, log, device, config, max_vec)
     plan = _bwd_plans.get(key)
     if plan is None:
-        cfg = config or bwd_config(N, s, clusters_ok(device), max_vec)
+        cfg = config or bwd_config(N, s, clusters_ok(device), max_vec, staged=True)
         plan = _bwd_plans[key] = _launch_plan(
             "softmax_bwd", cfg, lambda c: bwd_expr(c, dt, log), BWD_CODES, device,
-            lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N)
-    fn, block, rpb, per_row = plan[:4]
+            lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N,
+            staged_codes=BWD_CODES, staged_tensors=2)
+    fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:
-        fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
+        if cap is None:
+            fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
+        else:  # the persistent staged kernel: at most one cluster per row
+            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), dy, y, dx, M, N,
+               scale)
 
 
 def all_expressions():
@@ -369,6 +393,9 @@ def all_expressions():
                     exprs.add(fwd_expr(fc, dt, dt, log, MASK_NONE, N))
                     exprs.add(fwd_expr(fwd_config(N, s, clusters, staged=True), dt, dt, log, MASK_NONE, N))
                     exprs.add(bwd_expr(bwd_config(N, s, clusters), dt, log))
+                    exprs.add(bwd_expr(bwd_config(N, s, clusters, staged=True), dt, log))
+                    if clusters and dt == "bfloat16":
+                        exprs.update(bwd_expr(c, dt, log) for c in STAGED_BWD_CANDIDATES.get(N, ()))
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
                         exprs.add(fwd_expr(fwd_config(N, s, clusters, masked=True), dt, dt, False, masking))
