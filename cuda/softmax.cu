@@ -543,10 +543,90 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
+// A CTA's part of the rows of a persistent staged kernel (softmax_fwd_staged, softmax_bwd_staged).
+// CLUSTER CTAs split a row of N / VEC 16-byte vectors into contiguous chunks; this CTA holds vectors
+// [v0, vend) (possibly none) and walks rows blockIdx.x / CLUSTER, + G, ... (G = the grid's clusters).
+// load(row), thread 0, where bytes > 0: one bulk copy per input (NT inputs of row length N) of its chunk of `row` into
+// NT consecutive chunk buffers of shared memory, all completing one mbarrier; wait(phase), every
+// thread: until the last load has landed; take(i, r): vector v0 + threadIdx.x + i * T_ROW of input i's
+// buffer into r (zeros past vend): thread t's register mapping of the cluster kernels.
+template <typename T, int VEC, int CLUSTER, int NT>
+struct StagedChunk {
+  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
+  using V = Vec<T, VEC>;
+  const T* src[NT];
+  V* stage;
+  StageRing ring;
+  long long G, N;
+  int chunk, v0, vend;
+  unsigned bytes;
+
+  __device__ __forceinline__ StagedChunk(const T* const (&inputs)[NT], void* smem, unsigned long long* bar, int n)
+      : stage(reinterpret_cast<V*>(smem)), ring(bar, 1), G(gridDim.x / CLUSTER), N(n) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) src[i] = inputs[i];
+    const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+    const int nvec = n / VEC;
+    chunk = (nvec + CLUSTER - 1) / CLUSTER;
+    v0 = min(rank * chunk, nvec);
+    vend = min(v0 + chunk, nvec);
+    bytes = (unsigned)(vend - v0) * 16u;
+  }
+  __device__ __forceinline__ void load(long long row) const {  // (callers test bytes > 0)
+    ring.expect(0, NT * bytes);
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+      bulk_load(stage + i * chunk, src[i] + row * N + (long long)v0 * VEC, bytes, ring.bar(0));
+  }
+  __device__ __forceinline__ void wait(unsigned& phase) const {
+    if (bytes > 0) {
+      ring.wait(0, phase);
+      phase ^= 1u;
+    }
+  }
+  template <int ITEMS, int T_ROW>
+  __device__ __forceinline__ void take(int input, V (&r)[ITEMS]) const {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = v0 + threadIdx.x + i * T_ROW;
+      if (v < vend) {
+        r[i] = stage[input * chunk + v - v0];
+      } else {
+        vec_zero(r[i]);
+      }
+    }
+  }
+};
+
+// Opens a persistent staged kernel: thread 0 initialises the mbarrier (and the cluster mailbox) and
+// loads the first row; then every CTA's mailbox is armed before any CTA sends. Closes it: no CTA exits
+// while another may still send to it.
+template <int CLUSTER, typename C, typename BOX>
+__device__ __forceinline__ void staged_open(const C& ch, BOX& box, long long row) {
+  if (threadIdx.x == 0) {
+    ch.ring.init();
+    if constexpr (CLUSTER > 1) box.init();
+    if (ch.bytes > 0) ch.load(row);
+  }
+  __syncthreads();  // the barrier's init is visible
+  if constexpr (CLUSTER > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
+template <int CLUSTER>
+__device__ __forceinline__ void staged_close() {
+  if constexpr (CLUSTER > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
 // Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
-// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters). Its chunk of the next
-// row arrives by one bulk copy into shared memory while it reduces and writes the current one from
-// registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
+// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters; StagedChunk above). Its
+// chunk of the next row arrives by one bulk copy into shared memory while it reduces and writes the
+// current one from registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
 // register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues the next row's copy,
 // and the statistics, merge and output run as in softmax_fwd_finish. Without it, the CTAs of a wave
 // load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87 of copy at 65536).
@@ -571,62 +651,27 @@ struct StepMerge {
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
-  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
   constexpr int T_ROW = 32 * WARPS;
-  using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
   __shared__ unsigned long long bar;
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
-  const long long G = gridDim.x / CLUSTER;
+  const T* inputs[1] = {x};
+  const StagedChunk<T, VEC, CLUSTER, 1> ch(inputs, softmax_stage, &bar, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  const unsigned bytes = (unsigned)(vend - v0) * 16u;
-  const V* stage = reinterpret_cast<const V*>(softmax_stage);
-  const StageRing ring(&bar, 1);
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  if (threadIdx.x == 0) {
-    ring.init();
-    if constexpr (CLUSTER > 1) box.init();
-    if (bytes > 0) {
-      ring.expect(0, bytes);
-      bulk_load(softmax_stage, x + row * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
-  }
-  __syncthreads();  // the barrier's init is visible
-  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
-    cluster_arrive();
-    cluster_wait();
-  }
+  staged_open<CLUSTER>(ch, box, row);
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
-  for (int step = 0; row < M; row += G, ++step) {
-    if (bytes > 0) {
-      ring.wait(0, phase);
-      phase ^= 1u;
-    }
-    V raw[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        raw[i] = stage[v - v0];
-      } else {
-        vec_zero(raw[i]);
-      }
-    }
+  for (int step = 0; row < M; row += ch.G, ++step) {
+    ch.wait(phase);
+    Vec<T, VEC> raw[ITEMS];
+    ch.template take<ITEMS, T_ROW>(0, raw);
     __syncthreads();  // the stage is read: refill it with the next row's chunk
-    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
-      ring.expect(0, bytes);
-      bulk_load(softmax_stage, x + (row + G) * (long long)N + (long long)v0 * VEC, bytes, ring.bar(0));
-    }
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, v0, vend, c,
+    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c,
                                                         StepMerge<CLUSTER>{&box, step, rank});
   }
-  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
-    cluster_arrive();
-    cluster_wait();
-  }
+  staged_close<CLUSTER>();
 }
 
 // Rows too long for registers: one row per block, two passes over global memory.
@@ -796,68 +841,27 @@ template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, ITEMS <= 4 ? SoftmaxMinBlocks<32 * WARPS>::value : 1)
 softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
                    float scale) {
-  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
   constexpr int T_ROW = 32 * WARPS;
-  using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
   __shared__ unsigned long long bar;
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's partial D of a row
-  const long long G = gridDim.x / CLUSTER;
+  const T* inputs[2] = {y, dy};
+  const StagedChunk<T, VEC, CLUSTER, 2> ch(inputs, softmax_stage, &bar, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  const unsigned bytes = (unsigned)(vend - v0) * 16u;
-  V* y_stage = reinterpret_cast<V*>(softmax_stage);
-  V* g_stage = y_stage + chunk;
-  const StageRing ring(&bar, 1);
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  if (threadIdx.x == 0) {
-    ring.init();
-    if constexpr (CLUSTER > 1) box.init();
-    if (bytes > 0) {
-      const long long off = row * (long long)N + (long long)v0 * VEC;
-      ring.expect(0, 2u * bytes);
-      bulk_load(y_stage, y + off, bytes, ring.bar(0));
-      bulk_load(g_stage, dy + off, bytes, ring.bar(0));
-    }
-  }
-  __syncthreads();  // the barrier's init is visible
-  if constexpr (CLUSTER > 1) {  // and every CTA's mailbox is armed before any CTA sends
-    cluster_arrive();
-    cluster_wait();
-  }
+  staged_open<CLUSTER>(ch, box, row);
   unsigned phase = 0;
-  for (int step = 0; row < M; row += G, ++step) {
-    if (bytes > 0) {
-      ring.wait(0, phase);
-      phase ^= 1u;
-    }
-    V yr[ITEMS], gr[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        yr[i] = y_stage[v - v0];
-        gr[i] = g_stage[v - v0];
-      } else {
-        vec_zero(yr[i]);
-        vec_zero(gr[i]);
-      }
-    }
+  for (int step = 0; row < M; row += ch.G, ++step) {
+    ch.wait(phase);
+    Vec<T, VEC> yr[ITEMS], gr[ITEMS];
+    ch.template take<ITEMS, T_ROW>(0, yr);
+    ch.template take<ITEMS, T_ROW>(1, gr);
     __syncthreads();  // both chunks are read: refill them with the next row's
-    if (threadIdx.x == 0 && bytes > 0 && row + G < M) {
-      const long long off = (row + G) * (long long)N + (long long)v0 * VEC;
-      ring.expect(0, 2u * bytes);
-      bulk_load(y_stage, y + off, bytes, ring.bar(0));
-      bulk_load(g_stage, dy + off, bytes, ring.bar(0));
-    }
-    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, row * (long long)N, true, v0, vend, scale,
+    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
+    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, row * (long long)N, true, ch.v0, ch.vend, scale,
                                                   StepSum<CLUSTER>{&box, step, rank});
   }
-  if constexpr (CLUSTER > 1) {  // no CTA exits while another may still send to it
-    cluster_arrive();
-    cluster_wait();
-  }
+  staged_close<CLUSTER>();
 }
 
 template <typename T, int VEC, bool LOG>
