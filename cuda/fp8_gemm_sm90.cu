@@ -6,7 +6,10 @@
 //   * Persistent tile scheduler: a grid of min(tiles, SMs) CTAs (one per SM: the stage ring takes ~200 KB
 //     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
 //     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
-//     along N, so the CTAs running at one time share A rows and B rows in L2.
+//     along N, so the CTAs running at one time share A rows and B rows in L2. SCHED = GEMM_SCHED_STREAMK
+//     (not yet measured; the table keeps the data-parallel walk): the last one to two waves' K blocks are
+//     split evenly over the grid instead, a tile cut between two CTAs joined through global memory
+//     (gemm_sk_share).
 //   * Warp specialisation, 384 threads = 3 warpgroups. Warpgroup 0 is the producer: it gives registers
 //     back (setmaxnreg.dec 40) and one thread issues the TMA loads; warpgroups 1 and 2 are the consumers
 //     (setmaxnreg.inc 232), each owns 64 rows of the 128-row tile and all BN columns.
@@ -153,6 +156,7 @@ struct alignas(64) TmaMap {
 #endif                           // rounding) instead of FMUL then FADD (gemm_promote)
 
 enum GemmMode : int { GEMM_FAST = 0, GEMM_SPLIT = 1, GEMM_BLOCK = 2 };
+enum GemmSched : int { GEMM_SCHED_DP = 0, GEMM_SCHED_STREAMK = 1 };  // tile walk (see gemm_sk_share)
 enum GemmBias : int { GEMM_BIAS_NONE = 0, GEMM_BIAS_F32 = 1, GEMM_BIAS_BF16 = 2 };
 
 constexpr int kGemmBM = 128;      // tile rows (2 consumer warpgroups x 64)
@@ -454,6 +458,106 @@ __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles
   tn = r / rows;
 }
 
+// Stream-K tail (SCHED = GEMM_SCHED_STREAMK; written 2026-12-05 without a device, not yet measured).
+// With 128 x 128 tiles the issue-5 shapes end in a last wave of 4-8 tiles on 132 SMs (4096 tiles: 31.03
+// waves), up to 3 % of the run. The first dp_tiles tiles are walked as in the data-parallel schedule;
+// the K blocks of the R remaining tiles (the host makes G < R < 2 G or R = 0, G the grid) are flattened
+// tile by tile and split evenly: CTA b takes [b R kb / G, (b + 1) R kb / G). A share is at least one
+// tile's K blocks long, so a tile is split at most once: its head (from K block 0) ends one CTA's share,
+// its tail starts the next one's. The tail is computed first (at the start of that share), parked in
+// global memory (gemm_sk_park: slot = the tail's CTA, one flag per consumer warpgroup) and collected by
+// the head's CTA at the end of its share (gemm_sk_collect: fin + partial, one rounding, then the
+// epilogue): deterministic, so FP8 and fp32 outputs of a shape still agree bit for bit. Every CTA is
+// resident (one per SM, grid <= SMs), and a tail never waits for anything, so the head's wait ends.
+__device__ __forceinline__ void gemm_sk_share(int total, int& lo, int& hi) {
+  lo = (int)((long long)blockIdx.x * total / gridDim.x);
+  hi = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
+}
+
+// The segment of the share that starts at flattened K block u: tile t, K blocks [kb0, kb1).
+__device__ __forceinline__ void gemm_sk_segment(int u, int hi, int k_blocks, int dp_tiles, int& t, int& kb0,
+                                                int& kb1) {
+  t = dp_tiles + u / k_blocks;
+  kb0 = u % k_blocks;
+  kb1 = min(k_blocks, kb0 + (hi - u));
+}
+
+// This CTA's work in order: its data-parallel tiles (first, first + step, ... below dp_end), then with
+// stream-K the segments of its share. next(): false when done, else tile t and K blocks [kb0, kb1). One
+// walker drives the producer and the consumers alike, so both see the same sequence, and each loop body
+// is written once (a body called from two loops was not inlined and spilled its accumulators).
+template <int SCHED>
+struct GemmWalk {
+  int t = 0, kb0 = 0, kb1 = 0;
+  int next_t, step, dp_end, k_blocks, u = 0, hi = 0;
+  __device__ __forceinline__ GemmWalk(int first, int step_, int dp_end_, int num_units, int k_blocks_)
+      : next_t(first), step(step_), dp_end(dp_end_), k_blocks(k_blocks_) {
+    if constexpr (SCHED == GEMM_SCHED_STREAMK) gemm_sk_share((num_units - dp_end_) * k_blocks_, u, hi);
+  }
+  __device__ __forceinline__ bool next() {
+    if (next_t < dp_end) {
+      t = next_t;
+      next_t += step;
+      kb0 = 0;
+      kb1 = k_blocks;
+      return true;
+    }
+    if constexpr (SCHED == GEMM_SCHED_STREAMK) {
+      if (u < hi) {
+        gemm_sk_segment(u, hi, k_blocks, dp_end, t, kb0, kb1);
+        u += kb1 - kb0;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// The data-parallel walk: the tiles alone (K blocks [0, k_blocks) each), as the loop it replaced.
+template <>
+struct GemmWalk<GEMM_SCHED_DP> {
+  static constexpr int kb0 = 0;
+  int t, kb1, step, dp_end;
+  __device__ __forceinline__ GemmWalk(int first, int step_, int dp_end_, int, int k_blocks)
+      : t(first - step_), kb1(k_blocks), step(step_), dp_end(dp_end_) {}
+  __device__ __forceinline__ bool next() {
+    t += step;
+    return t < dp_end;
+  }
+};
+
+// A tail's accumulators (this thread's NR) into its slot, element i of every thread of the warpgroup
+// side by side (coalesced), then the warpgroup's flag = epoch (release, after a warpgroup barrier).
+template <int NR>
+__device__ __forceinline__ void gemm_sk_park(const float (&x)[NR], float* part, int* flag, int epoch, int wg) {
+  const int t = threadIdx.x & 127;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) __stcg(part + i * 128 + t, x[i]);
+  named_barrier(1 + wg, 128);
+  if (t == 0) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(flag), "r"(epoch) : "memory");
+  }
+}
+
+// The head's side: one thread waits for the tail's flag (and clears it for the next launch), then every
+// thread adds its partials: x = x + partial.
+template <int NR>
+__device__ __forceinline__ void gemm_sk_collect(float (&x)[NR], const float* part, int* flag, int epoch, int wg) {
+  const int t = threadIdx.x & 127;
+  if (t == 0) {
+    int seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+      if (seen != epoch) __nanosleep(64);
+    } while (seen != epoch);
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" :: "l"(flag), "r"(0) : "memory");
+  }
+  named_barrier(1 + wg, 128);
+#pragma unroll
+  for (int i = 0; i < NR; ++i) x[i] = __fadd_rn(x[i], __ldcg(part + i * 128 + t));
+}
+
 template <typename OUT>
 __device__ __forceinline__ float2 gemm_load_pair(const void* base, size_t idx) {
   if constexpr (sizeof(OUT) == 4) {
@@ -655,17 +759,23 @@ __device__ __forceinline__ void gemm_store_staged(const unsigned (&pk)[BN / 4], 
 //   scale_a / scale_b: per-tensor (1 fp32 each) or, in BLOCK mode, the (M, ceil(K/128)) and
 //   (ceil(N/128), ceil(K/128)) fp32 scale_inv arrays. out_scale: FP8 outputs only. amax: null or a
 //   zeroed fp32 (atomicMax). bias: null or N values of bias_kind. accumulate: C += (out read in place).
-template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES, int CLUSTER, int STORE>
+//   Stream-K only (SCHED = GEMM_SCHED_STREAMK): dp_tiles, the tiles walked data-parallel; sk_part, gridDim.x
+//   x 2 x (BN / 2) x 128 fp32 of parked tails; sk_flag, gridDim.x x 2 ints (0, or a launch's epoch while
+//   a tail waits); sk_epoch != 0, this launch's. The other instantiations ignore them.
+template <typename TA, typename TB, int BN, int MODE, typename OUT, int STAGES, int CLUSTER, int STORE,
+          int SCHED = GEMM_SCHED_DP>
 __global__ void __launch_bounds__(kGemmThreads, 1)
 fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaMap tma_b,
               const __grid_constant__ TmaMap tma_d, void* out,
               const void* bias, const float* scale_a, const float* scale_b, const float* out_scale,
-              float* amax, int M, int N, int K, int bias_kind, int act, int accumulate) {
+              float* amax, int M, int N, int K, int bias_kind, int act, int accumulate,
+              int dp_tiles, float* sk_part, int* sk_flag, int sk_epoch) {
 #if FK_GEMM_SM90A
   static_assert(BN == 128 || BN == 256, "tile width");
   static_assert(MODE == GEMM_FAST || BN == 128, "promoted accumulation needs BN = 128 (registers)");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "cluster of 1 or 2 CTAs along M");
   static_assert(STORE == GEMM_STORE_DIRECT || GemmOut<OUT>::bytes <= 2, "staged stores: bf16 and FP8 outputs");
+  static_assert(SCHED == GEMM_SCHED_DP || CLUSTER == 1, "stream-K: one CTA per tile");
   constexpr int NR = BN / 2;                         // wgmma accumulators per thread
   constexpr int NF = MODE == GEMM_FAST ? 1 : NR;     // promoted accumulators per thread
   constexpr unsigned A_BYTES = kGemmBM * kGemmBK, B_BYTES = BN * kGemmBK;
@@ -692,6 +802,7 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
   const int unit0 = blockIdx.x / CLUSTER, unit_step = gridDim.x / CLUSTER;
   const int rank = CLUSTER == 1 ? 0 : (int)cluster_rank();
   const int k_blocks = (K + kGemmBK - 1) / kGemmBK;
+  const int dp_end = SCHED == GEMM_SCHED_STREAMK ? dp_tiles : num_units;   // tiles walked data-parallel
 
   if (threadIdx.x == 0) {
     tma_prefetch_map(&tma_a);
@@ -713,11 +824,11 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     if (threadIdx.x == 0) {
       int s = 0;
       unsigned phase = 0;
-      for (int t = unit0; t < num_units; t += unit_step) {
+      for (GemmWalk<SCHED> w(unit0, unit_step, dp_end, num_units, k_blocks); w.next();) {
         int tu, tn;
-        gemm_tile_coords(t, m_units, n_tiles, tu, tn);
+        gemm_tile_coords(w.t, m_units, n_tiles, tu, tn);
         const int tm = tu * CLUSTER + rank;
-        for (int kb = 0; kb < k_blocks; ++kb) {
+        for (int kb = w.kb0; kb < w.kb1; ++kb) {
           mbar_wait(empty_bar(s), phase ^ 1u);       // with a cluster: released by every CTA's consumers
           mbar_expect_tx(full_bar(s), STAGE_BYTES);  // A, and all of B (its CLUSTER shares)
           tma_load_2d(stage_a(s), &tma_a, full_bar(s), kb * kGemmBK, tm * kGemmBM);
@@ -786,29 +897,46 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
       gemm_tile_coords(t, m_units, n_tiles, tu, tn);
       tm = tu * CLUSTER + rank;
     };
+    // The end of a segment: whole tiles run the epilogue; with stream-K a tail parks x instead, and a
+    // head collects its tail first.
+    auto finish = [&](float (&x)[NR], int tm, int tn, int kb0, int kb1) {
+      if constexpr (SCHED == GEMM_SCHED_STREAMK) {
+        const size_t slot_floats = (size_t)2 * NR * 128;
+        if (kb0 > 0) {
+          gemm_sk_park<NR>(x, sk_part + blockIdx.x * slot_floats + cw * NR * 128, sk_flag + 2 * blockIdx.x + cw,
+                           sk_epoch, cw);
+          return;
+        }
+        if (kb1 < k_blocks)
+          gemm_sk_collect<NR>(x, sk_part + (blockIdx.x + 1) * slot_floats + cw * NR * 128,
+                              sk_flag + 2 * (blockIdx.x + 1) + cw, sk_epoch, cw);
+      }
+      epilogue(x, tm, tn);
+    };
 
     if constexpr (MODE == GEMM_FAST) {
-      for (int t = unit0; t < num_units; t += unit_step) {
+      for (GemmWalk<SCHED> w(unit0, unit_step, dp_end, num_units, k_blocks); w.next();) {
         int tm, tn;
-        tile_coords(t, tm, tn);
+        tile_coords(w.t, tm, tn);
+        const int kb0 = w.kb0, kb1 = w.kb1;          // acc = the product over K blocks [kb0, kb1)
         int prev = 0;
-        for (int kb = 0; kb < k_blocks; ++kb) {
+        for (int kb = kb0; kb < kb1; ++kb) {
           mbar_wait(full_bar(s), phase);
           const unsigned long long da = wgmma_desc(stage_a(s) + a_off), db = wgmma_desc(stage_b(s));
           wgmma_fence();
 #pragma unroll
           for (int k = 0; k < kGemmBK / 32; ++k)
-            Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, (kb > 0 || k > 0) ? 1 : 0);
+            Wgmma<BN, TA, TB>::mma(acc, da + 2 * k, db + 2 * k, (kb > kb0 || k > 0) ? 1 : 0);
           wgmma_commit();
           wgmma_wait<1>();                           // the previous block's group is done: free its stage
-          if (kb > 0) gemm_release<CLUSTER>(empty_bar(prev), lane);
+          if (kb > kb0) gemm_release<CLUSTER>(empty_bar(prev), lane);
           prev = s;
           if (++s == STAGES) { s = 0; phase ^= 1u; }
         }
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
         gemm_release<CLUSTER>(empty_bar(prev), lane);
-        epilogue(acc, tm, tn);
+        finish(acc, tm, tn, kb0, kb1);
       }
     } else {
       // Two wgmma accumulators in turn, in pairs of K blocks: block kb + 1 runs on the tensor cores
@@ -839,21 +967,22 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
         gemm_promote<MODE, NR>(fin, d, sc0, sc1);
         gemm_release<CLUSTER>(empty_bar(blk), lane);
       };
-      for (int t = unit0; t < num_units; t += unit_step) {
-        tile_coords(t, tm, tn);
+      for (GemmWalk<SCHED> w(unit0, unit_step, dp_end, num_units, k_blocks); w.next();) {
+        tile_coords(w.t, tm, tn);
+        const int kb0 = w.kb0, kb1 = w.kb1;          // fin = the sum over K blocks [kb0, kb1)
         const int r0 = tm * kGemmBM + row_in_tile;
         sa_row0 = min(r0, M - 1);
         sa_row1 = min(r0 + 8, M - 1);
-        int kb = 0;
+        int kb = kb0;
 #pragma unroll
         for (int i = 0; i < NR; ++i) fin[i] = 0.f;
-        if (kOffsetPairs && cw == 1 && k_blocks > 0) {
-          issue(acc, s0a, s1a, blk_a, 0);
+        if (kOffsetPairs && cw == 1 && kb1 > kb0) {
+          issue(acc, s0a, s1a, blk_a, kb0);
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
-          kb = 1;
+          kb = kb0 + 1;
         }
-        for (; kb + 2 <= k_blocks; kb += 2) {         // a pair: kb in acc, kb + 1 in acc2
+        for (; kb + 2 <= kb1; kb += 2) {              // a pair: kb in acc, kb + 1 in acc2
           issue(acc, s0a, s1a, blk_a, kb);
           issue(acc2, s0b, s1b, blk_b, kb + 1);
           wgmma_wait<1>();                            // kb has retired, kb + 1 runs while it is promoted
@@ -861,12 +990,12 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
           wgmma_wait<0>();
           retire(acc2, s0b, s1b, blk_b);
         }
-        if (kb < k_blocks) {                          // an odd last block, alone
+        if (kb < kb1) {                               // an odd last block, alone
           issue(acc, s0a, s1a, blk_a, kb);
           wgmma_wait<0>();
           retire(acc, s0a, s1a, blk_a);
         }
-        epilogue(fin, tm, tn);
+        finish(fin, tm, tn, kb0, kb1);
       }
     }
     // The last staged stores have read shared memory before the block's shared memory is released.

@@ -238,7 +238,9 @@ def test_registry_entry():
     from fusedkit.backends import cuda_gemm
     built = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.VARIANTS
              for out in cuda_gemm.variant_outputs(bn, store)}
-    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built)
+    sk = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.SK_VARIANTS
+          for out in cuda_gemm.variant_outputs(bn, store)}   # stream-K: E4M3 x E4M3 only
+    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built) + len(sk)
     assert {o for *_, o in built} == set(cuda_gemm.OUT_CXX)
     assert ("fast", 256, 1, "whole", "bfloat16") in built and ("fast", 256, 1, "whole", "e4m3") not in built
     assert not any(store != "direct" and out == "float32" for *_, store, out in built)
@@ -480,6 +482,80 @@ def test_gpu_staged_stores_equal_direct(mode, bn, store, shape):
         np.testing.assert_array_equal(t, d)
     want = ref.fp8_gemm(a, b, out_dtype="float32", bias=to_numpy(bias), activation="gelu")
     assert rel_err(staged[0].view(fk._dtypes.numpy_dtype("bfloat16")).astype(np.float32), want) < 1e-2
+
+
+def test_stream_k_split_rule():
+    """The stream-K tail starts after all but the last full wave: grid < tail tiles < 2 grid, so every CTA's
+    share is at least one tile's K blocks (a tile split at most once); no tail without a partial wave."""
+    from fusedkit.backends import cuda_gemm
+    for grid in (1, 7, 114, 132):
+        for units in range(1, 5 * grid + 3):
+            dp = cuda_gemm.sk_split(units, grid)
+            if units <= grid or units % grid == 0:
+                assert dp == units
+            else:
+                assert 0 <= dp < units and dp % grid == 0 and grid < units - dp < 2 * grid
+    names = set(cuda_gemm.all_expressions()[cuda_gemm.FILE])
+    for mode, bn, cluster, store in cuda_gemm.SK_VARIANTS:
+        for out in cuda_gemm.variant_outputs(bn, store):
+            e = cuda_gemm.expr("e4m3", "e4m3", bn, mode, out, cuda_gemm.stages_for(bn, out, store), cluster, store, "sk")
+            assert e.endswith(", 1>") and e in names
+    assert cuda_gemm.expr("e4m3", "e4m3", 128, "split", "bfloat16", 6, 1, "staged") in names  # dp: names as before
+    assert cuda_gemm.sched(4096, 4096, "split", 128, 1) == cuda_gemm.TABLE_SCHED["split"]
+    with cuda_gemm.forced_tiles(split=(128, 1, "staged", "sk"), fast=(256, 2, "direct", "sk")):
+        assert cuda_gemm.sched(4096, 4096, "split", 128, 1) == "sk"
+        assert cuda_gemm.sched(4096, 4096, "fast", 256, 2) == "dp"  # clusters walk data-parallel
+        assert cuda_gemm.config(4096, 4096, "split") == (128, 6, 1, "staged")
+
+
+SK_CASES = [("split", 128, "staged"), ("split", 128, "direct"), ("block", 128, "staged"), ("fast", 256, "whole")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,bn,store", SK_CASES, ids=str)
+@pytest.mark.parametrize("waves", [1, 2, 3], ids=["tail_only_1.1_waves", "tail_only_1.9_waves", "dp_then_tail"])
+def test_gpu_stream_k_tail(mode, bn, store, waves):
+    """The stream-K tail (tiles split between two CTAs, joined through global memory) against the float64
+    reference and the data-parallel walk of the same tiles: bf16 with bias + GeLU, fp32, FP8 bytes equal
+    to the same walk's fp32 output cast on the CPU, amax exact, and the same bits on a second launch
+    (flags reset, epoch). The shapes give (on 132 SMs) 144 tiles, all in the tail (every CTA a tail and a
+    head), 256 (whole tiles between them) and 400 (two data-parallel waves, then a tail of 136); tiles cut
+    in M and N, an odd number of K blocks."""
+    pytest.importorskip("torch")
+    import cupy
+    from fusedkit.backends import cuda_gemm
+    from fusedkit.backends._common import sm_count
+    sms = sm_count(cupy.cuda.Device().id)
+    n_tiles = 16
+    m_tiles = (2 * sms) // n_tiles if waves == 2 else (waves * sms) // n_tiles + 1
+    units = m_tiles * n_tiles
+    if cuda_gemm.sk_split(units, sms) == units:
+        pytest.skip(f"{units} tiles on {sms} SMs leave no tail to split")
+    M, N, K = 128 * m_tiles - 40, bn * n_tiles - 16, 9 * 128 - 16   # 9 K blocks, the last one partial
+    rng = rng_for("sk", mode, bn, store, waves)
+    a, b = host_operands(rng, M, N, K, scaling="block" if mode == "block" else "tensor")
+    bias = to_backend(rng.standard_normal(N).astype(np.float32), "torch")
+    kw = dict(bias=bias, activation="gelu", use_split_accumulator=mode != "fast")
+
+    def outputs():
+        y = _run("torch", a, b, **kw)
+        v32 = to_numpy(_run("torch", a, b, out_dtype="float32", **kw))
+        t = _run("torch", a, b, out_dtype="e4m3", out_scale=0.37, **kw)
+        return to_numpy(y).view(np.uint16), v32, to_numpy(t.data), to_numpy(t.amax)
+
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, store, "sk")}):
+        y, v32, f8, amax = outputs()
+        again = outputs()
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, store)}):
+        y_dp, v32_dp, _, _ = outputs()
+    for first, second in zip((y, v32, f8, amax), again):
+        np.testing.assert_array_equal(second, first)
+    want = ref.fp8_gemm(a, b, out_dtype="float32", bias=to_numpy(bias), activation="gelu")
+    assert rel_err(v32, want) < _tol(mode)
+    assert rel_err(v32, v32_dp) < (1e-5 if mode != "fast" else 2e-3)  # split tiles: one rounding more
+    np.testing.assert_array_equal(f8, rfp8.cast_to_fp8(v32 * np.float32(0.37), "e4m3"))
+    assert np.asarray(amax, np.float32).reshape(()).view(np.uint32) == np.abs(v32).max().astype(np.float32).view(np.uint32)
+    assert rel_err(y.view(fk._dtypes.numpy_dtype("bfloat16")).astype(np.float32), want) < 1e-2
 
 
 @pytest.mark.parametrize("backend", GPU)

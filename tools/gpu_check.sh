@@ -9,7 +9,8 @@
 #   between two runs of one call reached 17 % on 2026-12-04; compare with --rounds 3 on both sides).
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
 #   steer the profile stage; GEMM_SANITIZE=0 / GEMM_BENCH=0 skip the gemm stage's memcheck / benchmark; AB_TIMEOUT (default 240 s)
-#   bounds the abopts stage (GEMM cases compile for minutes: give them more).
+#   bounds the abopts stage (GEMM cases compile for minutes: give them more). GEMMSWEEP_TIMEOUT (default
+#   200 s) bounds gemmsweep (FK_SCHEDS=dp,sk doubles its rows: give it ~320).
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all);
 #   TEST_OPTIONS="-DX=1" builds its kernels with those NVRTC defines (the other stages keep the shipped ones).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
@@ -121,7 +122,7 @@ if has sweepab; then  # A/B of compile-time experiments on the shipped norm conf
 fi
 if has softsweep; then timeout $(left 200) python3 tools/sweep_softmax.py "$OUT/sweep_softmax.json" > "$OUT/sweep_softmax.log" 2>&1; echo "softsweep rc=$?" >> "$OUT/sweep_softmax.log"; fi
 if has cesweep; then timeout $(left 200) python3 tools/sweep_cross_entropy.py "$OUT/sweep_ce.json" > "$OUT/sweep_ce.log" 2>&1; echo "cesweep rc=$?" >> "$OUT/sweep_ce.log"; fi
-if has gemmsweep; then timeout $(left 200) python3 tools/sweep_gemm.py "$OUT/sweep_gemm.json" > "$OUT/sweep_gemm.log" 2>&1; echo "gemmsweep rc=$?" >> "$OUT/sweep_gemm.log"; fi
+if has gemmsweep; then timeout $(left ${GEMMSWEEP_TIMEOUT:-200}) python3 tools/sweep_gemm.py "$OUT/sweep_gemm.json" > "$OUT/sweep_gemm.log" 2>&1; echo "gemmsweep rc=$?" >> "$OUT/sweep_gemm.log"; fi
 if has gemmrepeat; then  # run-to-run spread of the FP8 GEMM vs cuBLASLt, with the SM clock / power logged beside it
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 > "$OUT/smi_gemm.csv" 2>&1 &
   smi=$!

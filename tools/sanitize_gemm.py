@@ -1,6 +1,7 @@
 """Small FP8 GEMM calls covering every path of cuda/fp8_gemm_sm90.cu (fast / split / block accumulation,
 128- and 256-wide tiles, tile edges in M, N and K, more tiles than SMs, every output type, bias,
-activation, accumulate_into, FP8 output with amax, direct and staged output stores) and the fallback,
+activation, accumulate_into, FP8 output with amax, direct and staged output stores, the stream-K tail) and
+the fallback,
 for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_gemm.py
@@ -138,6 +139,22 @@ for (M, N, K) in [] if os.environ.get("FK_STORES") == "none" else (
                 if da_max is not None:
                     check(f"staged {store} BN={bn} {mode} {(M, N, K)} {name} amax", np.array_equal(da_max, ta_max))
             n_calls += 1
+# the stream-K tail (forced): more tiles than SMs and a partial last wave, so tiles split between two CTAs
+# are joined through global memory (partials, flags); FP8 bytes equal the same walk's fp32 output cast
+sms = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+for mode, bn, store in ([] if os.environ.get("FK_STORES") == "none" else
+                        [("split", 128, "staged"), ("block", 128, "staged"), ("fast", 256, "whole")]):
+    M, N, K = 128 * (sms // 16 + 1) - 40, 16 * bn - 16, 256 - 16
+    (ha, hb), (da, db) = operands(M, N, K, "e4m3", "e4m3", mode == "block")
+    kw = dict(use_split_accumulator=mode != "fast")
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, store, "sk")}):
+        v32 = fk.fp8_gemm(da, db, out_dtype="float32", **kw).get()
+        t = fk.fp8_gemm(da, db, out_dtype="e4m3", out_scale=0.5, **kw)
+    e = rel(v32, ref.fp8_gemm(ha, hb, out_dtype="float32"))
+    check(f"stream-K {mode} {(M, N, K)}: rel err {e:.2e}", e < (1e-2 if mode == "fast" else 1e-3))
+    check(f"stream-K {mode} {(M, N, K)} -> e4m3 bytes",
+          np.array_equal(t.data.get(), rfp8.cast_to_fp8(v32 * np.float32(0.5), "e4m3")))
+    n_calls += 1
 # bf16 output and bf16 bias (torch)
 try:
     import torch

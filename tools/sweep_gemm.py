@@ -5,7 +5,8 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
     python3 tools/sweep_gemm.py out.json
 
 FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
-stores timed beside "direct" ("none": direct only).
+stores timed beside "direct" ("none": direct only); FK_SCHEDS=dp,sk also times the stream-K tail of the
+variants built with it (cuda_gemm.SK_VARIANTS), "sk" alone only those.
 
 Also times block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation)
 with direct and staged stores, against plain split cuBLASLt.
@@ -30,6 +31,10 @@ def main(out_path):
     timer = GpuTimer(torch)
     flops = _registry.OPS["fp8_gemm"].flops
     stores = os.environ.get("FK_STORES", "staged,whole").split(",")
+    scheds = os.environ.get("FK_SCHEDS", "dp").split(",")
+
+    def walks(mode, bn, cluster, store):
+        return [w for w in scheds if w == "dp" or (mode, bn, cluster, store) in cuda_gemm.SK_VARIANTS]
     results = []
     for (M, K, N) in GEMM_WORK:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -42,20 +47,20 @@ def main(out_path):
             lt = timer.ms(lambda: torch._scaled_mm(a8, b8t, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                                                    use_fast_accum=not split))
             best = None
-            for _, bn, cluster, store in [v for v in cuda_gemm.VARIANTS if v[0] == mode
-                                          and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))
-                                          and (v[3] == "direct" or v[3] in stores)]:
-                with cuda_gemm.forced_tiles(**{mode: (bn, cluster, store)}):
+            for _, bn, cluster, store, walk in [v + (w,) for v in cuda_gemm.VARIANTS if v[0] == mode
+                                                and (v[2] == 1 or not os.environ.get("FK_NO_CLUSTER"))
+                                                and (v[3] == "direct" or v[3] in stores) for w in walks(*v)]:
+                with cuda_gemm.forced_tiles(**{mode: (bn, cluster, store, walk)}):
                     ms = timer.ms(lambda: fk.fp8_gemm(a, b, use_split_accumulator=split))
-                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "store": store, "ms": ms,
-                     "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
+                r = {"shape": [M, K, N], "mode": mode, "BN": bn, "cluster": cluster, "store": store, "sched": walk,
+                     "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt, "vs_cublaslt": lt / ms}
                 results.append(r)
-                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster} {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  "
-                      f"{r['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
+                print(f"{M}x{K}x{N} {mode:5s} BN={bn} cluster={cluster} {store:6s} {walk}: {r['TFLOPs']:6.0f} "
+                      f"TFLOP/s  {r['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
                 if best is None or ms < best["ms"]:
                     best = r
             print(f"BEST {M}x{K}x{N} {mode}: BN={best['BN']} cluster={best['cluster']} store={best['store']} "
-                  f"{best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
+                  f"sched={best['sched']} {best['vs_cublaslt']:.3f}x cuBLASLt", flush=True)
             if split:
                 lt_split = lt
         # block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split): direct against
@@ -68,14 +73,17 @@ def main(out_path):
                  ("split_epilogue_e4m3", lambda: fk.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",
                                                              out_scale=out_scale, use_split_accumulator=True)))
         for label, fn in extra:
+            mode = label.split("_")[0]
             for store in ["direct"] + [s for s in stores if s == "staged"]:
-                with cuda_gemm.forced_tiles(**{label.split("_")[0]: (128, 1, store)}):
-                    ms = timer.ms(fn)
-                r = {"shape": [M, K, N], "mode": label, "BN": 128, "cluster": 1, "store": store, "ms": ms,
-                     "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt_split, "vs_cublaslt": lt_split / ms}
-                results.append(r)
-                print(f"{M}x{K}x{N} {label} {store:6s}: {r['TFLOPs']:6.0f} TFLOP/s  {r['vs_cublaslt']:.3f}x plain "
-                      f"split cuBLASLt", flush=True)
+                for walk in walks(mode, 128, 1, store):
+                    with cuda_gemm.forced_tiles(**{mode: (128, 1, store, walk)}):
+                        ms = timer.ms(fn)
+                    r = {"shape": [M, K, N], "mode": label, "BN": 128, "cluster": 1, "store": store, "sched": walk,
+                         "ms": ms, "TFLOPs": flops(M, N, K) / ms / 1e9, "cublaslt_ms": lt_split,
+                         "vs_cublaslt": lt_split / ms}
+                    results.append(r)
+                    print(f"{M}x{K}x{N} {label} {store:6s} {walk}: {r['TFLOPs']:6.0f} TFLOP/s  "
+                          f"{r['vs_cublaslt']:.3f}x plain split cuBLASLt", flush=True)
         torch.cuda.empty_cache()
     json.dump({**run_meta(torch.cuda.get_device_name()), "rows": results}, open(out_path, "w"), indent=1)
 

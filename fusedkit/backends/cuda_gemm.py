@@ -16,6 +16,9 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
     shared memory and TMA tensor stores that drain under the next tile's main loop; "staged" in rounds
     of 16 KB per warpgroup, "whole" the 64 x BN slab at once with one stage fewer at BN = 256) are built
     and tested, not yet measured on the H200: tools/sweep_gemm.py times them against direct stores.
+  * SCHED = data-parallel. The stream-K tail ("sk": the last one to two waves' K blocks split evenly
+    over the grid, a tile's two halves joined through global memory; ``sched``) is built and tested,
+    not yet measured: TABLE_SCHED keeps "dp" until tools/sweep_gemm.py has timed it.
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
@@ -74,15 +77,22 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 # (sweep_gemm_block_epi_stores_2026-12-05T0528Z.json): direct 0.66-0.68 -> staged 0.68-0.75 of plain
 # split cuBLASLt, ahead at all five shapes.
 TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
+# The tile walk per mode: "dp" (data-parallel, the tiles dealt round-robin to the persistent grid) or
+# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). Written without a
+# device on 2026-12-05: at the issue-5 shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03
+# waves), up to 3 % of the time; "dp" until measured.
+TABLE_SCHED = {"fast": "dp", "split": "dp", "block": "dp"}
+SCHEDS = {"dp": 0, "sk": 1}
 
-_forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE])} while forced_tiles() is active
+_forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE[, SCHED]])} while forced_tiles() is active
 
 
 @contextlib.contextmanager
 def forced_tiles(fast=(256, 1), split=(128, 1), block=(128, 1)):
-    """Within the block, every launch uses these (BN, CLUSTER) or (BN, CLUSTER, STORE) per mode instead of
-    the tile table (tests, tools/sanitize_gemm.py and tools/sweep_gemm.py reach the variants the table
-    does not pick). A STORE other than "direct" applies to bf16 and FP8 outputs; fp32 stays direct."""
+    """Within the block, every launch uses these (BN, CLUSTER), (BN, CLUSTER, STORE) or (BN, CLUSTER, STORE,
+    SCHED) per mode instead of the tile table (tests, tools/sanitize_gemm.py and tools/sweep_gemm.py reach
+    the variants the table does not pick). A STORE other than "direct" applies to bf16 and FP8 outputs;
+    fp32 stays direct. SCHED "sk" applies where ``sk_split`` finds a tail to split."""
     global _forced
     saved, _forced = _forced, {"fast": fast, "split": split, "block": block}
     try:
@@ -104,6 +114,26 @@ def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> 
     return bn, stages_for(bn, out, store), cluster, store
 
 
+def sched(M: int, N: int, mode: str, bn: int, cluster: int) -> str:
+    """The tile walk of a launch: TABLE_SCHED (or the forced one); stream-K needs CLUSTER = 1."""
+    if _forced is not None:
+        rest = _forced[mode][2:]
+        want = rest[1] if len(rest) > 1 else "dp"
+    else:
+        want = TABLE_SCHED[mode]
+    return want if cluster == 1 else "dp"
+
+
+def sk_split(units: int, grid: int) -> int:
+    """Tiles walked data-parallel before the stream-K tail: all of them (no tail) when they fill whole
+    waves or fewer than two waves' worth exist... else all but the last full wave and the partial one, so
+    the tail's R tiles satisfy grid < R < 2 grid (every CTA's share is at least one tile's K blocks long:
+    a tile is split at most once)."""
+    if units <= grid or units % grid == 0:
+        return units
+    return (units // grid - 1) * grid
+
+
 def _built_store(bn: int, out: str, store: str) -> str:
     """The store a kernel is built with: fp32 outputs store directly; "whole" where one round of "staged"
     already holds the slab is that same kernel."""
@@ -115,9 +145,10 @@ def _built_store(bn: int, out: str, store: str) -> str:
 
 
 def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1,
-         store: str = "direct") -> str:
+         store: str = "direct", sched: str = "dp") -> str:
+    tail = ", 1" if sched == "sk" else ""  # SCHED defaults to GEMM_SCHED_DP
     return (f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}, "
-            f"{cluster}, {STORES[store]}>")
+            f"{cluster}, {STORES[store]}{tail}>")
 
 
 # (mode, BN, CLUSTER, STORE) instantiated for every format pair and output type (staged stores: for the
@@ -135,12 +166,21 @@ def variant_outputs(bn: int, store: str) -> tuple:
     return tuple(o for o in OUT_CXX if _built_store(bn, o, store) == store)
 
 
+# The stream-K variants (E4M3 x E4M3; the table's tiles and stores per mode), built for the compile-all
+# check, the tests and the sweep while TABLE_SCHED does not pick them.
+SK_VARIANTS = (("fast", 256, 1, "whole"), ("split", 128, 1, "staged"), ("block", 128, 1, "staged"),
+               ("split", 128, 1, "direct"))
+
+
 def all_expressions():
     exprs = []
     for fa, fb in PAIRS:
         for mode, bn, cluster, store in VARIANTS:
             for out in variant_outputs(bn, store):
                 exprs.append(expr(fa, fb, bn, mode, out, stages_for(bn, out, store), cluster, store))
+    for mode, bn, cluster, store in SK_VARIANTS:
+        for out in variant_outputs(bn, store):
+            exprs.append(expr("e4m3", "e4m3", bn, mode, out, stages_for(bn, out, store), cluster, store, "sk"))
     return {FILE: exprs}
 
 
@@ -243,7 +283,9 @@ class _Params(ctypes.Structure):
                 ("out", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("scale_a", ctypes.c_void_p),
                 ("scale_b", ctypes.c_void_p), ("out_scale", ctypes.c_void_p), ("amax", ctypes.c_void_p),
                 ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("bias_kind", ctypes.c_int),
-                ("act", ctypes.c_int), ("accumulate", ctypes.c_int)]
+                ("act", ctypes.c_int), ("accumulate", ctypes.c_int),
+                ("dp_tiles", ctypes.c_int), ("sk_part", ctypes.c_void_p), ("sk_flag", ctypes.c_void_p),
+                ("sk_epoch", ctypes.c_int)]
 
 
 _ARG_NAMES = [f[0] for f in _Params._fields_]
@@ -270,7 +312,13 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
 
     bn, stages, cluster, store = config(M, N, mode, sm_count(device), out_kind)
     smem = smem_bytes(bn, stages, out_kind, store)
-    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store), device, smem)
+    units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
+    walk = sched(M, N, mode, bn, cluster)
+    grid = max(1, min(units, sm_count(device)))
+    dp_tiles = sk_split(units, grid) if walk == "sk" else units
+    if dp_tiles == units:
+        walk = "dp"
+    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, walk), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
     ctypes.memmove(p.map_b, tensor_map(b, N, K, bn // cluster), 128)  # each CTA of a cluster loads a share
@@ -280,16 +328,37 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     p.out_scale, p.amax = out_scale or None, amax or None
     p.M, p.N, p.K = M, N, K
     p.bias_kind, p.act, p.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
+    p.dp_tiles = dp_tiles
+    if walk == "sk":
+        p.sk_part, p.sk_flag, p.sk_epoch = _sk_workspace(device, stream, grid, bn)
     base = ctypes.addressof(p)
     args = (ctypes.c_void_p * len(_ARG_NAMES))(*[base + getattr(_Params, n).offset for n in _ARG_NAMES])
-    units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
     if cluster == 1:
-        grid = max(1, min(units, sm_count(device)))
         driver.launchKernel(k.kernel.ptr, grid, 1, 1, THREADS, 1, 1, smem, stream, ctypes.addressof(args), 0)
     else:
         launch, resident = _cluster_launch(k, cluster, smem)
         grid = cluster * max(1, min(units, resident))
         launch.launch(grid, 1, (THREADS, 1, 1), smem, stream, ctypes.addressof(args))
+
+
+_sk_spaces: dict = {}
+
+
+def _sk_workspace(device: int, stream: int, grid: int, bn: int):
+    """(partials, flags, epoch) for a stream-K launch: grid x 2 x (bn / 2) x 128 fp32 of parked tails and
+    grid x 2 int flags, zeroed once and kept per (device, stream) (launches on one stream run in order;
+    two streams must not share flags); the epoch counts launches (1 .. 2^31 - 1), so a flag left by a
+    launch that never finished is not taken for this launch's."""
+    import cupy
+    key = (device, stream)
+    ws = _sk_spaces.get(key)
+    part_floats = grid * 2 * (bn // 2) * 128
+    if ws is None or ws["part"].size < part_floats or ws["flag"].size < 2 * grid:
+        with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream):  # zeroed in order before the launch
+            ws = _sk_spaces[key] = {"part": cupy.empty(part_floats, cupy.float32),
+                                    "flag": cupy.zeros(2 * grid, cupy.int32), "epoch": 0}
+    ws["epoch"] = ws["epoch"] % (2**31 - 1) + 1
+    return ws["part"].data.ptr, ws["flag"].data.ptr, ws["epoch"]
 
 
 _cluster_launches: dict = _jit.plan_cache()
