@@ -11,11 +11,43 @@ from fusedkit import bench
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _readme_table():
-    spec = importlib.util.spec_from_file_location("readme_table", os.path.join(ROOT, "tools", "readme_table.py"))
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _readme_table():
+    return _tool("readme_table")
+
+
+def _sass(*kernels):
+    """nvdisasm-like text: (mangled name, instructions) per kernel."""
+    out = ["\t.target\tsm_90a"]
+    for name, body in kernels:
+        out.append(f"//--------------------- .text.{name} --------------------------")
+        out.append(f"\t.section\t.text.{name},\"ax\",@progbits")
+        out += [f"        /*{16 * i:04x}*/  {ins} ;" for i, ins in enumerate(body)]
+    return "\n".join(out)
+
+
+def test_sass_digest_compares_kernel_by_kernel(capsys):
+    """tools/sass_digest.py --against: labels, offsets and whitespace do not count, instructions do; added
+    kernel parameters and a trailing template argument added with a default still match."""
+    sd = _tool("sass_digest")
+    before = sd.kernels(_sass(("_ZN2fk1kILi1EEEvPKfi", ["MOV R1, R2", "BRA `(.L_x_3)"]),
+                              ("_ZN2fk1kILi2EEEvPKfi", ["FADD R1, R2, R3"])))
+    same = sd.kernels(_sass(("_ZN2fk1kILi1ELi0EEEvPKfii", ["MOV  R1, R2", "BRA `(.L_x_17)"]),
+                            ("_ZN2fk1kILi2ELi0EEEvPKfii", ["FADD R1, R2, R3"]),
+                            ("_ZN2fk1kILi2ELi1EEEvPKfii", ["FMUL R1, R2, R3"])))
+    assert sd.compare(before, same, "0") == 0
+    assert "2 same, 0 changed, 0 only before, 1 only after" in capsys.readouterr().out
+    assert sd.compare(before, same) == 1  # without --default-arg the renamed kernels do not match
+    changed = sd.kernels(_sass(("_ZN2fk1kILi1EEEvPKfi", ["MOV R1, R2", "BRA `(.L_x_3)"]),
+                               ("_ZN2fk1kILi2EEEvPKfi", ["FFMA R1, R2, R3, R4"])))
+    assert sd.compare(before, changed) == 1
+    assert "1 same, 1 changed" in capsys.readouterr().out
 
 
 def test_source_commit_prefers_the_environment(monkeypatch):
