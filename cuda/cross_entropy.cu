@@ -41,6 +41,11 @@
 // Bytes: read the logits once + write the gradient once = 4MN for 2-byte logits (+ 4-8 bytes per token
 // of targets, loss, lse). Forward only (grad == nullptr): 2MN.
 //
+// Persistent, row in registers, next row staged (ce_fwd_persistent, sm_90; prepared, not yet measured):
+// the register mapping above in a grid of at most the resident clusters; each CTA's chunk of the next
+// row arrives by one bulk copy while it finishes the current row (common/staged.cuh), as the softmax
+// forward does for its long rows. Same bits as ce_fwd_cluster of the same split.
+//
 // Long rows without a cluster (GPUs before sm_90, rows beyond 8 CTAs x 512 threads x 32 registers of
 // data, e.g. fp32 at 262144): ce_fwd_looped, one row per 512-thread block, an online (m, s) pass over
 // global memory, then a second pass that re-reads the row (mostly from L2) and writes the gradient:
@@ -70,6 +75,7 @@
 #include "common/online_softmax.cuh"
 #include "common/cluster.cuh"
 #include "common/bulk.cuh"
+#include "common/staged.cuh"
 
 namespace fk {
 
@@ -211,6 +217,75 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
 // Fused forward + gradient, row (or a cluster's chunk of it) in registers. logits and grad may alias
 // (in-place gradient): every element is read into registers before the first write of its row.
 
+// How a CTA's statistics of its part of a row become the row's (an identity without a cluster).
+// OneShotLse: one row per cluster (ce_fwd_cluster): cluster_merge, then the arrive of the closing
+// cluster barrier (the kernel waits on it before it exits). The persistent kernel merges per row
+// through MailboxStep<CLUSTER, LseStats> (common/staged.cuh).
+template <int CLUSTER>
+struct OneShotLse {
+  StatsBox<CLUSTER>* box;
+  __device__ __forceinline__ LseStats operator()(LseStats st) const {
+    if constexpr (CLUSTER > 1) {
+      st = cluster_merge<CLUSTER>(st, box);
+      cluster_arrive();
+    }
+    return st;
+  }
+};
+
+// Statistics, merge, loss and gradient of a row whose vectors [v0, vend) sit in registers (zeros past
+// vend and in rows that are not read). x0: the row's first logit (label smoothing), xt: the target logit
+// (the leader's; 0 elsewhere: the merged sum delivers it to every thread).
+template <typename T, int VEC, int ITEMS, int WARPS, typename MERGE>
+__device__ __forceinline__ void ce_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], const CeRow& r, float x0, float xt,
+                                              T* grad, float* __restrict__ loss, float* __restrict__ lse_out,
+                                              long long row, bool row_ok, bool leader, int N, int v0, int vend,
+                                              float smoothing, float z_loss, const MERGE& merge) {
+  constexpr int T_ROW = 32 * WARPS;
+  const long long base = row * (long long)N;
+  const bool smooth = smoothing != 0.f;
+  float m = ce_neg_inf();
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, vec_elem(raw[i], j));
+  const float key = lse_key(m);
+  float s = 0.f, a = 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float x = vec_elem(raw[i], j);
+        s += exp_keyed(x, key);
+        if (smooth) a += x - x0;
+      }
+    }
+  }
+  int parity = 0;  // one reduction per row slot
+  const LseStats st = merge(row_merge<WARPS>(LseStats{m, s, a, xt}, parity));
+  if (!row_ok) return;
+  if (leader) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
+  if (grad == nullptr) return;
+  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = v0 + (int)threadIdx.x + i * T_ROW;
+    if (v < vend) {
+      if (r.valid) {
+        ce_store_grad<T, VEC>(grad + base + (long long)v * VEC, raw[i], gp);
+      } else {
+        ce_store_zero<T, VEC>(grad + base + (long long)v * VEC);
+      }
+    }
+  }
+  if (r.in_range) {  // the target's vector is this thread's: rewrite its element (st.b = x_t, merged)
+    const int vt = (int)(r.t / VEC);
+    if (vt >= v0 && vt < vend && (vt - v0) % T_ROW == (int)threadIdx.x) ce_fix_target(grad + base + r.t, st.b, gp);
+  }
+}
+
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
 __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool row_ok, int v0, int vend,
                                            bool leader, StatsBox<CLUSTER>* box) {
@@ -232,51 +307,8 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   // x_0 (reference for the smoothing sum) by every thread, the target logit by the leader.
   const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
   const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
-
-  float m = ce_neg_inf();
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-    if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend)
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, vec_elem(raw[i], j));
-  const float key = lse_key(m);
-  float s = 0.f, a = 0.f;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (r.valid && v0 + (int)threadIdx.x + i * T_ROW < vend) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float x = vec_elem(raw[i], j);
-        s += exp_keyed(x, key);
-        if (smooth) a += x - x0;
-      }
-    }
-  }
-  int parity = 0;  // one reduction per row slot
-  LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt}, parity);
-  if constexpr (CLUSTER > 1) {
-    st = cluster_merge<CLUSTER>(st, box);
-    cluster_arrive();  // the closing barrier (the kernel waits on it before it exits)
-  }
-  if (!row_ok) return;
-  if (leader) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
-  if (grad == nullptr) return;
-  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int v = v0 + (int)threadIdx.x + i * T_ROW;
-    if (v < vend) {
-      if (r.valid) {
-        ce_store_grad<T, VEC>(grad + base + (long long)v * VEC, raw[i], gp);
-      } else {
-        ce_store_zero<T, VEC>(grad + base + (long long)v * VEC);
-      }
-    }
-  }
-  if (r.in_range) {  // the target's vector is this thread's: rewrite its element (st.b = x_t, merged)
-    const int vt = (int)(r.t / VEC);
-    if (vt >= v0 && vt < vend && (vt - v0) % T_ROW == (int)threadIdx.x) ce_fix_target(grad + base + r.t, st.b, gp);
-  }
+  ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, row_ok, leader, N, v0, vend,
+                                      smoothing, z_loss, OneShotLse<CLUSTER>{box});
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS>
@@ -304,6 +336,62 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
                                             smoothing, z_loss, grad_scale, row, row < M, v0, vend,
                                             rank == 0 && threadIdx.x == 0, &box);
   cluster_wait();  // no CTA exits before every CTA is done with the merge
+}
+
+// FK_CE_PERSISTENT_MINB: blocks per SM asked of ptxas for ce_fwd_persistent (default: 1024 threads per
+// SM, i.e. <= 64 registers: 8 vectors of 16-bit logits a thread fit without spills, and two 512-thread
+// CTAs per SM double the staged bytes in flight; -DFK_CE_PERSISTENT_MINB=1 gives ~96 registers, one CTA).
+#ifndef FK_CE_PERSISTENT_MINB
+#define FK_CE_PERSISTENT_MINB (32 * WARPS >= 1024 ? 1 : 1024 / (32 * WARPS))
+#endif
+// Persistent, row in registers, next row staged (ce_fwd_persistent, sm_90; written 2026-12-05 without a
+// device, not yet measured, so no config picks it by default). The scheme of softmax_fwd_staged
+// (common/staged.cuh): at most the resident clusters, each walking rows; a CTA's chunk of the next row
+// arrives by one bulk copy into shared memory while it reduces and writes the current row from
+// registers, so unlike ce_fwd_staged (one row per cluster, three passes over shared memory) the loads
+// of row k + G overlap the merge and the gradient stores of row k. The softmax forward, the same bytes
+// per element, went 0.78 -> 0.82-0.86 of copy at 262144 that way; cross-entropy there reads 0.81.
+// Same per-thread mapping and sums as ce_fwd_cluster with the same (ITEMS, WARPS, CLUSTER): the same
+// bits. Ignored rows are neither loaded nor waited for (thread 0 reads the next row's target before it
+// issues the copy, every thread the current one's before it waits). In place (grad == logits): a copy
+// reads row k + G while row k is written; x_0 and x_t of row k are read before its statistics are sent,
+// and every CTA writes only after receiving all of them. Needs 16-byte vectors (the host checks);
+// dynamic shared memory = ceil(N / VEC / CLUSTER) x 16 bytes.
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
+__global__ void __launch_bounds__(32 * WARPS, FK_CE_PERSISTENT_MINB)
+ce_fwd_persistent(FK_CE_FWD_PARAMS) {
+  constexpr int T_ROW = 32 * WARPS;
+  extern __shared__ __align__(16) unsigned char ce_stage[];
+  __shared__ unsigned long long bar;
+  __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's row statistics
+  const T* inputs[1] = {logits};
+  const StagedChunk<T, VEC, CLUSTER, 1> ch(inputs, ce_stage, &bar, N);
+  const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
+  const bool leader = rank == 0 && threadIdx.x == 0;
+  const bool smooth = smoothing != 0.f;
+  auto read = [&](long long row) { return ce_row(target, t32, row, true, N, ignore_index, count, grad_scale); };
+  long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
+  staged_open<CLUSTER>(ch, box, row, read(row).valid);
+  unsigned phase = 0;
+  for (int step = 0; row < M; row += ch.G, ++step) {
+    const long long base = row * (long long)N;
+    const CeRow r = read(row);
+    Vec<T, VEC> raw[ITEMS];
+    if (r.valid) {
+      ch.wait(phase);
+      ch.template take<ITEMS, T_ROW>(0, raw);
+    } else {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) vec_zero(raw[i]);
+    }
+    __syncthreads();  // the stage is read: refill it with the next row's chunk
+    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M && read(row + ch.G).valid) ch.load(row + ch.G);
+    const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
+    const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
+    ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, true, leader, N, ch.v0, ch.vend,
+                                        smoothing, z_loss, MailboxStep<CLUSTER, LseStats>{&box, step, rank});
+  }
+  staged_close<CLUSTER>();
 }
 
 // ---------------------------------------------------------------------------------------------------

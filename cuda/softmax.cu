@@ -69,6 +69,7 @@
 #include "common/cluster.cuh"
 #include "common/fastdiv.cuh"
 #include "common/bulk.cuh"
+#include "common/staged.cuh"
 
 namespace fk {
 
@@ -543,86 +544,6 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
-// A CTA's part of the rows of a persistent staged kernel (softmax_fwd_staged, softmax_bwd_staged).
-// CLUSTER CTAs split a row of N / VEC 16-byte vectors into contiguous chunks; this CTA holds vectors
-// [v0, vend) (possibly none) and walks rows blockIdx.x / CLUSTER, + G, ... (G = the grid's clusters).
-// load(row), thread 0, where bytes > 0: one bulk copy per input (NT inputs of row length N) of its chunk of `row` into
-// NT consecutive chunk buffers of shared memory, all completing one mbarrier; wait(phase), every
-// thread: until the last load has landed; take(i, r): vector v0 + threadIdx.x + i * T_ROW of input i's
-// buffer into r (zeros past vend): thread t's register mapping of the cluster kernels.
-template <typename T, int VEC, int CLUSTER, int NT>
-struct StagedChunk {
-  static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
-  using V = Vec<T, VEC>;
-  const T* src[NT];
-  V* stage;
-  StageRing ring;
-  long long G, N;
-  int chunk, v0, vend;
-  unsigned bytes;
-
-  __device__ __forceinline__ StagedChunk(const T* const (&inputs)[NT], void* smem, unsigned long long* bar, int n)
-      : stage(reinterpret_cast<V*>(smem)), ring(bar, 1), G(gridDim.x / CLUSTER), N(n) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) src[i] = inputs[i];
-    const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-    const int nvec = n / VEC;
-    chunk = (nvec + CLUSTER - 1) / CLUSTER;
-    v0 = min(rank * chunk, nvec);
-    vend = min(v0 + chunk, nvec);
-    bytes = (unsigned)(vend - v0) * 16u;
-  }
-  __device__ __forceinline__ void load(long long row) const {  // (callers test bytes > 0)
-    ring.expect(0, NT * bytes);
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-      bulk_load(stage + i * chunk, src[i] + row * N + (long long)v0 * VEC, bytes, ring.bar(0));
-  }
-  __device__ __forceinline__ void wait(unsigned& phase) const {
-    if (bytes > 0) {
-      ring.wait(0, phase);
-      phase ^= 1u;
-    }
-  }
-  template <int ITEMS, int T_ROW>
-  __device__ __forceinline__ void take(int input, V (&r)[ITEMS]) const {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        r[i] = stage[input * chunk + v - v0];
-      } else {
-        vec_zero(r[i]);
-      }
-    }
-  }
-};
-
-// Opens a persistent staged kernel: thread 0 initialises the mbarrier (and the cluster mailbox) and
-// loads the first row; then every CTA's mailbox is armed before any CTA sends. Closes it: no CTA exits
-// while another may still send to it.
-template <int CLUSTER, typename C, typename BOX>
-__device__ __forceinline__ void staged_open(const C& ch, BOX& box, long long row) {
-  if (threadIdx.x == 0) {
-    ch.ring.init();
-    if constexpr (CLUSTER > 1) box.init();
-    if (ch.bytes > 0) ch.load(row);
-  }
-  __syncthreads();  // the barrier's init is visible
-  if constexpr (CLUSTER > 1) {
-    cluster_arrive();
-    cluster_wait();
-  }
-}
-
-template <int CLUSTER>
-__device__ __forceinline__ void staged_close() {
-  if constexpr (CLUSTER > 1) {
-    cluster_arrive();
-    cluster_wait();
-  }
-}
-
 // Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
 // row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters; StagedChunk above). Its
 // chunk of the next row arrives by one bulk copy into shared memory while it reduces and writes the
@@ -635,18 +556,7 @@ __device__ __forceinline__ void staged_close() {
 // k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
 // memory = ceil(N / VEC / CLUSTER) x 16 bytes.
 template <int CLUSTER>
-struct StepMerge {
-  ClusterMailbox<float4, CLUSTER, 2>* box;
-  int step, rank;
-  __device__ __forceinline__ MaxSum operator()(MaxSum st) const {
-    if constexpr (CLUSTER > 1) {
-      if (threadIdx.x == 0) box->send_all(StatsOps<MaxSum>::pack(st), step, rank);
-      st = merge_ranks<CLUSTER, MaxSum>(box->receive(step));
-      if (threadIdx.x == 0) box->rearm(step);
-    }
-    return st;
-  }
-};
+using StepMerge = MailboxStep<CLUSTER, MaxSum>;
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
@@ -659,7 +569,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   const StagedChunk<T, VEC, CLUSTER, 1> ch(inputs, softmax_stage, &bar, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  staged_open<CLUSTER>(ch, box, row);
+  staged_open<CLUSTER>(ch, box, row, true);
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
@@ -849,7 +759,7 @@ softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
   const StagedChunk<T, VEC, CLUSTER, 2> ch(inputs, softmax_stage, &bar, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  staged_open<CLUSTER>(ch, box, row);
+  staged_open<CLUSTER>(ch, box, row, true);
   unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
     ch.wait(phase);

@@ -507,6 +507,71 @@ def test_staged_kernel(staged_cluster, dtype, N):
     np.testing.assert_array_equal(to_numpy(g2), to_numpy(grad))
 
 
+PERSISTENT_CASES = [
+    ("bfloat16", 262144, ("persistent", 8, 8, 16, 8)),   # the first sweep candidate at the largest vocab
+    ("float16", 50264, ("persistent", 8, 4, 16, 4)),     # uneven chunks: 6283 vectors over 4 CTAs
+    ("bfloat16", 32768, ("persistent", 8, 8, 16, 1)),    # no cluster
+    ("bfloat16", 8, ("persistent", 8, 1, 1, 4)),         # three CTAs of the cluster hold nothing
+    ("float32", 32768, ("persistent", 4, 8, 16, 2)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,N,cfg", PERSISTENT_CASES, ids=str)
+def test_persistent_kernel(monkeypatch, dtype, N, cfg):
+    """The persistent kernel (registers + the next row's chunk by bulk copy) against the float64 reference
+    and bit for bit against the register cluster kernel of the same split: ignored rows, smoothing and
+    z-loss, targets in the first to the last chunk, loss only, in place; a grid of 3 clusters for 7 rows,
+    so each cluster walks rows (an ignored row in between: no copy, no wait)."""
+    torch = pytest.importorskip("torch")
+    from fusedkit.backends import cuda_cross_entropy as ce
+    M = 7
+    x, t, X, _ = _inputs("torch", dtype, (M, N), ("persistent", dtype, N, cfg))
+    t[1:6] = np.linspace(0, N - 1, 5).astype(np.int64)
+    t[2] = IGNORE
+    T = to_backend(t, "torch")
+    kw = dict(label_smoothing=0.1, z_loss=1e-3, reduction="none")
+    monkeypatch.setattr(ce, "STAGED_MAX_GROUPS", 3)
+    got = {}
+    for kind in ("persistent", "rows"):
+        monkeypatch.setattr(ce, "fwd_config", lambda *a, k=kind, **_: (k,) + cfg[1:])
+        monkeypatch.setattr(ce, "_plans", {})
+        got[kind] = fk.cross_entropy(X, T, return_lse=True, return_grad=True, **kw)
+        assert [plan[5] is not None for plan in ce._plans.values()] == [kind == "persistent"]
+        if kind == "persistent":
+            loss_only = fk.cross_entropy(X, T, **kw)
+            X2 = to_backend(x.copy(), "torch")
+            _, g2 = fk.cross_entropy(X2, T, return_grad=True, inplace_grad=True, **kw)
+    loss, lse, grad = got["persistent"]
+    l64, lse64, g64, scale = ref64(x, t, eps=0.1, z=1e-3, reduction="none")
+    assert_loss(loss, l64, "persistent loss")
+    assert_loss(lse, lse64, "persistent lse")
+    assert_grad(grad, g64, scale, dtype, "persistent grad")
+    assert not to_numpy(grad)[2].any(), "an ignored row's gradient is 0"
+    for a, b in zip(got["persistent"], got["rows"]):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    np.testing.assert_array_equal(to_numpy(loss_only), to_numpy(loss))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(to_numpy(g2), to_numpy(grad))
+
+
+def test_persistent_rule(monkeypatch):
+    """A TUNED_PERSISTENT entry is taken only where the kernel can run (clusters, 16-byte vectors); its
+    candidates cover their rows and are among the compile-all check's instantiations."""
+    from fusedkit.backends import cuda_cross_entropy as ce
+    assert ce.fwd_config(262144, 2)[0] == "staged"  # nothing tuned yet
+    monkeypatch.setitem(ce.TUNED_PERSISTENT, (262144, 2), (8, 16, 8))
+    assert ce.fwd_config(262144, 2) == ("persistent", 8, 8, 16, 8)
+    assert ce.fwd_config(262144, 2, max_vec=4)[0] != "persistent"
+    assert ce.fwd_config(262144, 2, cluster=False)[0] != "persistent"
+    assert ce.persistent_chunk_bytes(("persistent", 8, 8, 16, 8), 262144) == 4096 * 16
+    exprs = set(ce.all_expressions()[ce.FILE])
+    for N, cands in ce.PERSISTENT_CANDIDATES.items():
+        for items, warps, c in cands:
+            assert c * 32 * warps * items * 8 >= N > c * 32 * warps * items * 4
+            assert ce.fwd_expr(("persistent", 8, items, warps, c), "bfloat16") in exprs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", [1, 2], ids=["spread", "load_balancing"])
 def test_cluster_scheduling_policy_same_bits(monkeypatch, policy):

@@ -2,7 +2,7 @@
 1..16 warps and several rows per block, clusters of 2, 4 and 8 CTAs with 32 and 64 values per thread,
 the looped kernel, scalar vectors for odd vocabs and misaligned views, the backward from lse, the
 count and sum reductions with one block and with block partials, in-place gradients, int32 and int64
-targets, ignored and out-of-range targets; the staged kernel, row chunks bulk-copied into shared memory,
+targets, ignored and out-of-range targets; the staged and persistent kernels, row chunks bulk-copied into shared memory,
 at cluster sizes 1-8, down to CTAs with an empty chunk) on CuPy, for compute-sanitizer memcheck /
 racecheck / synccheck. Exits non-zero on a result that differs from the CPU reference beyond a loose tolerance.
 
@@ -95,6 +95,13 @@ for c in (1, 2, 4, 8):
             run(M, N, "float16", inplace=(c % 4 == 0))
 ce.STAGED_BUFFERS = 1
 ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES = saved
+# the persistent kernel (forced): clusters walking rows, an empty chunk (N = 8 over 4 CTAs), uneven chunks
+for N, cfg in ((8, ("persistent", 8, 1, 1, 4)), (50264, ("persistent", 8, 4, 16, 4)),
+               (32768, ("persistent", 8, 8, 16, 1))):
+    ce.fwd_config = lambda *a, cfg=cfg, **k: cfg
+    ce._plans.clear()
+    run(5, N, "float16", inplace=N == 50264)
+ce.fwd_config = plain
 ce.STAGED_MAX_GROUPS = None
 ce._plans.clear()
 # an out-of-range target: NaN loss, zero gradient row, no fault

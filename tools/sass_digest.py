@@ -11,10 +11,10 @@ cubin bytes are not compared; the instructions are. --save writes each file's SA
     PYTHONPATH=. python3 tools/sass_digest.py fp8_gemm_sm90.cu --save /tmp/after --against /tmp/before
     [--default-arg 0]
 
---against DIR compares kernel by kernel with a --save of an earlier build: per function, label names and
-whitespace aside, matched by mangled name without the parameter list (so added kernel parameters do not
-hide a match); --default-arg V also matches a kernel whose last template argument V was added with that
-default value. Prints same / changed / only-before / only-after counts and the changed names; exits 1 when
+--against DIR compares kernel by kernel with a --save of an earlier build: per function, label names,
+the file-wide numbering of internal helper routines and whitespace aside, matched by mangled name
+without the parameter list (so added kernel parameters do not hide a match); --default-arg V also
+matches a kernel whose last template argument V was added with that default value. Prints same / changed / only-before / only-after counts and the changed names; exits 1 when
 an earlier kernel changed or disappeared.
 """
 import argparse
@@ -82,6 +82,7 @@ def kernels(sass: str) -> dict:
                  if not ln.strip().startswith((".section", ".type", ".size", ".weak", ".global", ".other"))
                  and "_ZN" not in ln]
         body = re.sub(r"\.L_x_\d+", "L", "\n".join(lines))
+        body = re.sub(r"\$__internal_\d+_", "$__internal_", body)  # numbered per file: helper routines
         body = re.sub(r"/\*[0-9a-f]{4,}\*/", "", body)
         out[m.group(1).rsplit("EEv", 1)[0]] = re.sub(r"[ \t]+", " ", body)
     return out

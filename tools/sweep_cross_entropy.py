@@ -1,8 +1,10 @@
 """Sweep the fused cross-entropy's launch configs on the GPU (bf16 logits, loss + gradient, 4MN bytes):
 register rows (warps x vectors per thread), clusters of C CTAs, the staged kernel (threads x cluster
-size: the row chunk per CTA in shared memory) and the looped kernel.
+size: the row chunk per CTA in shared memory), the persistent kernel (the register mapping, the next
+row's chunk by bulk copy) and the looped kernel.
 
-    python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it)
+    python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it;
+        SWEEP_KINDS=persistent,staged keeps those kinds; SWEEP_ELEMS=1073741824: the benchmark's size)
     SWEEP_POLICIES=0,1,2 python3 tools/sweep_cross_entropy.py out.json   (staged clusters under each
         cluster scheduling policy preference: 0 default, 1 spread, 2 load balancing)
 
@@ -41,7 +43,15 @@ def candidates(N):
             for buffers in (1, 2):
                 if buffers * -(-nv // c) * 16 <= 200 * 1024 and -(-nv // c) >= threads:
                     out.append(("staged", threads, c, buffers))
-    return out + [("looped", vec)]
+    for c in (1, 2, 4, 8, 16):  # persistent: 16-bit rows of <= 8 vectors a thread, chunk <= 200 KB
+        for warps in (16, 32):
+            for items in (2, 4, 8):
+                cap = c * 32 * warps * items
+                if cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
+                    out.append(("persistent", vec, items, warps, c))
+    kinds = os.environ.get("SWEEP_KINDS")
+    out += [("looped", vec)]
+    return [c for c in out if not kinds or c[0] in kinds.split(",")]
 
 
 def main(out_path):

@@ -7,7 +7,10 @@ STAGE_CHUNK_BYTES each, so several rows share an SM in different phases); otherw
 vec, items, warps, 1)``: 32 * warps threads x items vectors of vec elements; short rows pack 4 / warps
 rows per block), a thread-block cluster of C CTAs splitting the row in registers (``("rows", vec, items,
 16, C)``, sm_90+, launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond
-that, ``("looped", vec)`` (two passes over global memory). Sequence of a call (all on the caller's stream):
+that, ``("looped", vec)`` (two passes over global memory). ``("persistent", vec, items, warps, C)``
+(sm_90, 16-byte vectors): the register mapping of the cluster kernel in a persistent grid whose CTAs
+bulk-copy their chunk of the next row while they finish the current one (TUNED_PERSISTENT, empty until
+measured: ``config=`` and tools/sweep_cross_entropy.py reach it). Sequence of a call (all on the caller's stream):
 ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
 fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
 order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
@@ -51,6 +54,14 @@ STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluste
 # Cluster scheduling policy preference of the staged launches (0 default, 1 spread, 2 load balancing):
 # tools/sweep_cross_entropy.py measures the three (SWEEP_POLICIES).
 STAGED_CLUSTER_POLICY = 0
+# The persistent kernel (ce_fwd_persistent, written 2026-12-05 without a device): (items, warps, C) per
+# (N, itemsize), taking precedence over the rule where it applies. The softmax forward, the same bytes
+# per element, went from 0.78 to 0.82-0.86 of copy at 262144 with this scheme; cross-entropy reads
+# 0.81 there. PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
+TUNED_PERSISTENT: dict = {}
+PERSISTENT_CANDIDATES = {32768: ((8, 16, 1), (4, 32, 1)),
+                         131072: ((8, 16, 4), (4, 32, 4), (8, 32, 2)),
+                         262144: ((8, 16, 8), (4, 32, 8), (4, 16, 16))}
 
 
 def regs_per_item(vec: int, itemsize: int) -> int:
@@ -69,6 +80,9 @@ def fwd_config(N: int, itemsize: int, cluster: bool = True, max_vec: int = 16):
     32 (one 512-thread block per SM); without clusters one 16-warp block with up to 32; else looped.
     ``max_vec``: the pointers' alignment in elements (align_elems)."""
     vec = vec_width(N, itemsize, max_vec)
+    p = TUNED_PERSISTENT.get((N, itemsize))
+    if p is not None and cluster and vec * itemsize == 16:
+        return ("persistent", vec) + tuple(p)
     if vec == vec_width(N, itemsize):
         t = TUNED.get((N, itemsize))
         if t is not None and (cluster or (t[0] == "rows" and t[4] == 1) or t[0] == "looped"):
@@ -122,9 +136,17 @@ def rows_per_block(warps: int) -> int:
     return 4 // warps if warps < 4 else 1
 
 
+def persistent_chunk_bytes(cfg, N: int) -> int:
+    """Shared memory of a persistent config: one CTA's chunk of the row, whole 16-byte vectors."""
+    return -(-(N // cfg[1]) // cfg[4]) * 16
+
+
 def fwd_expr(cfg, dt: str) -> str:
     if cfg[0] == "staged":
         return f"fk::ce_fwd_staged<{CXX[dt]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
+    if cfg[0] == "persistent":
+        _, vec, items, warps, c = cfg
+        return f"fk::ce_fwd_persistent<{CXX[dt]}, {vec}, {items}, {warps}, {c}>"
     if cfg[0] == "rows":
         _, vec, items, warps, c = cfg
         if c == 1:
@@ -185,6 +207,21 @@ def _fwd_plan(N, dt, device, config, max_vec):
             plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
             return plan
         cap = resident if cfg[3] == 2 else 0
+    elif cfg[0] == "persistent":
+        warps, c, rpb = cfg[3], cfg[4], 1
+        block = (32 * warps, 1)
+        smem = persistent_chunk_bytes(cfg, N)
+        try:
+            per_sm = blocks_per_sm(k, expr, device, block[0], smem)  # also opts in past 48 KB
+        except RuntimeError:
+            per_sm = 0
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
+        cap = (resident_clusters(fn, block, device, smem) if (c > 1 and per_sm)
+               else per_sm * sm_count(device))
+        if cap < 1:
+            _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the rule")
+            plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
+            return plan
     elif cfg[0] == "rows":
         warps, c = cfg[3], cfg[4]
         rpb = rows_per_block(warps) if c == 1 else 1
@@ -216,7 +253,7 @@ def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index,
     max_vec = align_elems(((logits, s), (grad, s)))
     fn, block, rpb, c, smem, cap = _fwd_plan(N, dt, device, config, max_vec)
     rows = -(-M // rpb)  # blocks (clusters) of the grid
-    if cap is not None:  # staged
+    if cap is not None:  # staged (cap 0: one row per cluster) or persistent (cap: the resident clusters)
         rows = min(rows, cap or rows, STAGED_MAX_GROUPS or rows)
     fn(rows * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
        int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
@@ -274,6 +311,9 @@ def all_expressions():
         for c in STAGED_CLUSTERS:  # every cluster size of the staged kernel (the tests force 1-8)
             for buffers in (1, 2):
                 exprs.add(fwd_expr(("staged", STAGED_THREADS, c, buffers), dt))
+        for N, cands in PERSISTENT_CANDIDATES.items():  # the persistent kernel's candidates (bf16)
+            for items, warps, c in cands if dt == "bfloat16" else ():
+                exprs.add(fwd_expr(("persistent", 8, items, warps, c), dt))
         for vec in sorted({1, 16 // s}):
             exprs.add(fwd_expr(("looped", vec), dt))
             exprs.add(bwd_expr(dt, vec))
