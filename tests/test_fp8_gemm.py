@@ -495,6 +495,23 @@ def test_stream_k_split_rule():
                 assert dp == units
             else:
                 assert 0 <= dp < units and dp % grid == 0 and grid < units - dp < 2 * grid
+    # the walk: every K block of every tile exactly once; a cut tile's head ends CTA b's share and its
+    # tail starts CTA b + 1's (the slot the head reads); no segment both starts and ends inside a tile
+    for grid, units, kb in ((132, 144, 9), (132, 256, 9), (132, 400, 9), (132, 4096, 64), (132, 1024, 32),
+                            (114, 8192, 64), (7, 30, 1), (7, 30, 3)):
+        dp = cuda_gemm.sk_split(units, grid)
+        walk = cuda_gemm.sk_segments(units, kb, grid, dp)
+        seen = {}
+        for b, segs in enumerate(walk):
+            for i, (t, kb0, kb1) in enumerate(segs):
+                assert 0 <= kb0 < kb1 <= kb and not (kb0 > 0 and kb1 < kb)
+                for k in range(kb0, kb1):
+                    assert (t, k) not in seen
+                    seen[(t, k)] = b
+                if kb0 > 0:   # a tail: the first segment of its share, its head the last of CTA b - 1's
+                    assert i == len([s_ for s_ in segs if s_[1] == 0 and s_[2] == kb and s_[0] < dp])
+                    assert walk[b - 1][-1] == (t, 0, kb0)
+        assert len(seen) == units * kb
     names = set(cuda_gemm.all_expressions()[cuda_gemm.FILE])
     for mode, bn, cluster, store in cuda_gemm.SK_VARIANTS:
         for out in cuda_gemm.variant_outputs(bn, store):

@@ -134,6 +134,25 @@ def sk_split(units: int, grid: int) -> int:
     return (units // grid - 1) * grid
 
 
+def sk_segments(units: int, k_blocks: int, grid: int, dp_tiles: int) -> list:
+    """CTA b's work, as the kernel walks it (GemmWalk in cuda/fp8_gemm_sm90.cu): its data-parallel tiles
+    b, b + grid, ... below dp_tiles, then its share of the tail's flattened K blocks, as (tile, kb0, kb1)
+    per CTA. For tests and for reading the schedule; the launch does not need it."""
+    total = (units - dp_tiles) * k_blocks
+    out = []
+    for b in range(grid):
+        segs = [(t, 0, k_blocks) for t in range(b, dp_tiles, grid)]
+        lo, hi = b * total // grid, (b + 1) * total // grid
+        u = lo
+        while u < hi:
+            t, kb0 = dp_tiles + u // k_blocks, u % k_blocks
+            kb1 = min(k_blocks, kb0 + hi - u)
+            segs.append((t, kb0, kb1))
+            u += kb1 - kb0
+        out.append(segs)
+    return out
+
+
 def _built_store(bn: int, out: str, store: str) -> str:
     """The store a kernel is built with: fp32 outputs store directly; "whole" where one round of "staged"
     already holds the slab is that same kernel."""
