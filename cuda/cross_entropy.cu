@@ -217,21 +217,6 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
 // Fused forward + gradient, row (or a cluster's chunk of it) in registers. logits and grad may alias
 // (in-place gradient): every element is read into registers before the first write of its row.
 
-// How a CTA's statistics of its part of a row become the row's (an identity without a cluster).
-// OneShotLse: one row per cluster (ce_fwd_cluster): cluster_merge, then the arrive of the closing
-// cluster barrier (the kernel waits on it before it exits). The persistent kernel merges per row
-// through MailboxStep<CLUSTER, LseStats> (common/staged.cuh).
-template <int CLUSTER>
-struct OneShotLse {
-  StatsBox<CLUSTER>* box;
-  __device__ __forceinline__ LseStats operator()(LseStats st) const {
-    if constexpr (CLUSTER > 1) {
-      st = cluster_merge<CLUSTER>(st, box);
-      cluster_arrive();
-    }
-    return st;
-  }
-};
 
 // Statistics, merge, loss and gradient of a row whose vectors [v0, vend) sit in registers (zeros past
 // vend and in rows that are not read). x0: the row's first logit (label smoothing), xt: the target logit
@@ -308,7 +293,7 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
   const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
   ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, row_ok, leader, N, v0, vend,
-                                      smoothing, z_loss, OneShotLse<CLUSTER>{box});
+                                      smoothing, z_loss, OneShotMerge<CLUSTER>{box});
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS>

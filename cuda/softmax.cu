@@ -419,22 +419,8 @@ __device__ __forceinline__ void mask_to_neg_inf(Vec<T, VEC> (&raw)[ITEMS], unsig
   }
 }
 
-// How a CTA's statistics of its part of a row become the row's (an identity without a cluster).
-// OneShotMerge: one row per cluster (softmax_fwd_cluster): cluster_merge (common/cluster.cuh), then the
-// arrive of the closing cluster barrier (the kernel waits on it before it exits).
-template <int CLUSTER>
-struct OneShotMerge {
-  StatsBox<CLUSTER>* box;
-  __device__ __forceinline__ MaxSum operator()(MaxSum st) const {
-    if constexpr (CLUSTER > 1) {
-      st = cluster_merge<CLUSTER>(st, box);
-      cluster_arrive();
-    }
-    return st;
-  }
-};
-
 // Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
+// MERGE: OneShotMerge (common/cluster.cuh) for one row per cluster, StepMerge for the persistent kernel.
 // FULL: the row fills every vector slot (N == ITEMS x 32 x WARPS x VEC, one CTA per row); the per-vector
 // bounds tests are compiled out (a row past M holds zeros and stores nothing).
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE,
@@ -635,21 +621,8 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
   return LOG ? scale * (dy - exp2_nonpos(y * kLog2e) * d) : scale * y * (dy - d);
 }
 
-// How a CTA's partial D becomes the row's (an identity without a cluster). OneShotSum: one row per
-// cluster (softmax_bwd_cluster): cluster_sum, then the arrive of the closing cluster barrier. StepSum:
-// the k-th row of a persistent kernel (softmax_bwd_staged), through a two-slot mailbox as StepMerge.
-template <int CLUSTER>
-struct OneShotSum {
-  StatsBox<CLUSTER>* box;
-  __device__ __forceinline__ float operator()(float d) const {
-    if constexpr (CLUSTER > 1) {
-      d = cluster_sum<CLUSTER>(d, box);
-      cluster_arrive();
-    }
-    return d;
-  }
-};
-
+// How a CTA's partial D becomes the row's: OneShotMerge (common/cluster.cuh) in softmax_bwd_cluster;
+// StepSum, the k-th row of a persistent kernel (softmax_bwd_staged), through a two-slot mailbox.
 template <int CLUSTER>
 struct StepSum {
   ClusterMailbox<float4, CLUSTER, 2>* box;
@@ -711,7 +684,7 @@ __device__ __forceinline__ void softmax_bwd_row(const T* __restrict__ dy, const 
       for (int j = 0; j < VEC; ++j) yr[i].v[j] = gr[i].v[j] = from_float<T>(0.f);
     }
   }
-  softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, base, row_ok, v0, vend, scale, OneShotSum<CLUSTER>{box});
+  softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, base, row_ok, v0, vend, scale, OneShotMerge<CLUSTER>{box});
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS, bool LOG>

@@ -215,4 +215,31 @@ __device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
   return sum_ranks<CLUSTER>(box->receive(0));
 }
 
+// One row per cluster (the non-persistent cluster kernels): a CTA's statistics of its part of the row
+// (a stats type, or a float to be summed) become the row's through cluster_merge / cluster_sum, then the
+// thread arrives at the closing cluster barrier (the kernel waits on it before it exits). An identity
+// without a cluster. The persistent kernels merge per row through MailboxStep (common/staged.cuh).
+template <int CLUSTER>
+__device__ __forceinline__ float cluster_reduce(float d, StatsBox<CLUSTER>* box) {
+  return cluster_sum<CLUSTER>(d, box);
+}
+
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_reduce(S v, StatsBox<CLUSTER>* box) {
+  return cluster_merge<CLUSTER>(v, box);
+}
+
+template <int CLUSTER>
+struct OneShotMerge {
+  StatsBox<CLUSTER>* box;
+  template <typename S>
+  __device__ __forceinline__ S operator()(S st) const {
+    if constexpr (CLUSTER > 1) {
+      st = cluster_reduce<CLUSTER>(st, box);
+      cluster_arrive();
+    }
+    return st;
+  }
+};
+
 }  // namespace fk

@@ -191,37 +191,27 @@ def _fwd_plan(N, dt, device, config, max_vec):
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
     smem, cap = 0, None
-    if cfg[0] == "staged":
-        c, rpb, block = cfg[2], 1, (cfg[1], 1)
-        smem = cfg[3] * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
+    if cfg[0] in ("staged", "persistent"):  # a chunk of the row in shared memory: resident clusters
+        rpb = 1
+        if cfg[0] == "staged":
+            c, block, policy = cfg[2], (cfg[1], 1), STAGED_CLUSTER_POLICY
+            smem = cfg[3] * staged_chunk_bytes(cfg, N, ITEMSIZE[dt])
+        else:
+            c, block, policy = cfg[4], (32 * cfg[3], 1), 0
+            smem = persistent_chunk_bytes(cfg, N)
         try:
-            per_sm = blocks_per_sm(k, expr, device, cfg[1], smem)  # also opts in past 48 KB
+            per_sm = blocks_per_sm(k, expr, device, block[0], smem)  # also opts in past 48 KB
         except RuntimeError:
             per_sm = 0
-        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None,
-                      cluster_policy=STAGED_CLUSTER_POLICY)
+        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None, cluster_policy=policy)
         resident = (resident_clusters(fn, block, device, smem) if (c > 1 and per_sm)
                     else per_sm * sm_count(device))
         if resident < 1:
             _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the register rule")
             plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
             return plan
-        cap = resident if cfg[3] == 2 else 0
-    elif cfg[0] == "persistent":
-        warps, c, rpb = cfg[3], cfg[4], 1
-        block = (32 * warps, 1)
-        smem = persistent_chunk_bytes(cfg, N)
-        try:
-            per_sm = blocks_per_sm(k, expr, device, block[0], smem)  # also opts in past 48 KB
-        except RuntimeError:
-            per_sm = 0
-        fn = Launcher(k.kernel, FWD_CODES, device, cluster=c if c > 1 else None)
-        cap = (resident_clusters(fn, block, device, smem) if (c > 1 and per_sm)
-               else per_sm * sm_count(device))
-        if cap < 1:
-            _env.debug(1, f"cross_entropy: {expr} cannot be resident here; using the rule")
-            plan = _plans[key] = _fwd_plan(N, dt, device, fwd_config(N, ITEMSIZE[dt], False, max_vec), max_vec)
-            return plan
+        # the persistent kinds walk rows over the resident clusters; staged with one buffer: a row each
+        cap = resident if cfg[0] == "persistent" or cfg[3] == 2 else 0
     elif cfg[0] == "rows":
         warps, c = cfg[3], cfg[4]
         rpb = rows_per_block(warps) if c == 1 else 1

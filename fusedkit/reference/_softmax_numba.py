@@ -78,19 +78,8 @@ def _exp_into(x, scale, shift, e):
         r = d - k * _LN2_HI
         r = r - k * _LN2_LO
         p = c[13]
-        p = p * r + c[12]
-        p = p * r + c[11]
-        p = p * r + c[10]
-        p = p * r + c[9]
-        p = p * r + c[8]
-        p = p * r + c[7]
-        p = p * r + c[6]
-        p = p * r + c[5]
-        p = p * r + c[4]
-        p = p * r + c[3]
-        p = p * r + c[2]
-        p = p * r + c[1]
-        p = p * r + c[0]
+        for i in range(12, -1, -1):  # Horner; a constant trip count, unrolled by LLVM
+            p = p * r + c[i]
         eb[j] = (kb + 1022) << 52  # 2^(k-1): k = 1024 (d near ln(max float64)) stays finite
         v = p * e[j] * 2.0
         v = v if not under else 0.0
