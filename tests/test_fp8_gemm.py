@@ -518,10 +518,10 @@ def test_stream_k_split_rule():
             e = cuda_gemm.expr("e4m3", "e4m3", bn, mode, out, cuda_gemm.stages_for(bn, out, store), cluster, store, "sk")
             assert e.endswith(", 1>") and e in names
     assert cuda_gemm.expr("e4m3", "e4m3", 128, "split", "bfloat16", 6, 1, "staged") in names  # dp: names as before
-    assert cuda_gemm.sched(4096, 4096, "split", 128, 1) == cuda_gemm.TABLE_SCHED["split"]
+    assert cuda_gemm.sched("split", 1) == cuda_gemm.TABLE_SCHED["split"]
     with cuda_gemm.forced_tiles(split=(128, 1, "staged", "sk"), fast=(256, 2, "direct", "sk")):
-        assert cuda_gemm.sched(4096, 4096, "split", 128, 1) == "sk"
-        assert cuda_gemm.sched(4096, 4096, "fast", 256, 2) == "dp"  # clusters walk data-parallel
+        assert cuda_gemm.sched("split", 1) == "sk"
+        assert cuda_gemm.sched("fast", 2) == "dp"  # clusters walk data-parallel
         assert cuda_gemm.config(4096, 4096, "split") == (128, 6, 1, "staged")
 
 

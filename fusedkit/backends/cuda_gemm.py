@@ -114,7 +114,7 @@ def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> 
     return bn, stages_for(bn, out, store), cluster, store
 
 
-def sched(M: int, N: int, mode: str, bn: int, cluster: int) -> str:
+def sched(mode: str, cluster: int) -> str:
     """The tile walk of a launch: TABLE_SCHED (or the forced one); stream-K needs CLUSTER = 1."""
     if _forced is not None:
         rest = _forced[mode][2:]
@@ -126,9 +126,9 @@ def sched(M: int, N: int, mode: str, bn: int, cluster: int) -> str:
 
 def sk_split(units: int, grid: int) -> int:
     """Tiles walked data-parallel before the stream-K tail: all of them (no tail) when they fill whole
-    waves or fewer than two waves' worth exist... else all but the last full wave and the partial one, so
-    the tail's R tiles satisfy grid < R < 2 grid (every CTA's share is at least one tile's K blocks long:
-    a tile is split at most once)."""
+    waves or no more than one; else all but the last full wave and the partial one, so the tail's R
+    tiles satisfy grid < R < 2 grid (every CTA's share is at least one tile's K blocks long: a tile is
+    split at most once)."""
     if units <= grid or units % grid == 0:
         return units
     return (units // grid - 1) * grid
@@ -165,7 +165,7 @@ def _built_store(bn: int, out: str, store: str) -> str:
 
 def expr(fa: str, fb: str, bn: int, mode: str, out: str, stages: int, cluster: int = 1,
          store: str = "direct", sched: str = "dp") -> str:
-    tail = ", 1" if sched == "sk" else ""  # SCHED defaults to GEMM_SCHED_DP
+    tail = f", {SCHEDS[sched]}" if sched != "dp" else ""  # SCHED defaults to GEMM_SCHED_DP
     return (f"fk::fp8_gemm_sm90<{FMT_CXX[fa]}, {FMT_CXX[fb]}, {bn}, {MODES[mode]}, {OUT_CXX[out]}, {stages}, "
             f"{cluster}, {STORES[store]}{tail}>")
 
@@ -332,7 +332,7 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     bn, stages, cluster, store = config(M, N, mode, sm_count(device), out_kind)
     smem = smem_bytes(bn, stages, out_kind, store)
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
-    walk = sched(M, N, mode, bn, cluster)
+    walk = sched(mode, cluster)
     grid = max(1, min(units, sm_count(device)))
     dp_tiles = sk_split(units, grid) if walk == "sk" else units
     if dp_tiles == units:
