@@ -555,6 +555,14 @@ def test_persistent_kernel(monkeypatch, dtype, N, cfg):
     np.testing.assert_array_equal(to_numpy(g2), to_numpy(grad))
 
 
+def test_forced_config_must_hold_the_row():
+    """A forced register-mapped config that leaves part of the row out is refused before anything launches."""
+    from fusedkit.backends import cuda_cross_entropy as ce
+    for cfg in (("persistent", 8, 4, 16, 4), ("rows", 8, 8, 16, 2)):
+        with pytest.raises(ValueError, match="does not hold rows of 262144"):
+            ce.forward(0, 0, False, 0, 0, 0, 0, 4, 262144, "bfloat16", -100, 0.0, 0.0, 1.0, 0, 0, config=cfg)
+
+
 def test_persistent_rule(monkeypatch):
     """A TUNED_PERSISTENT entry is taken only where the kernel can run (clusters, 16-byte vectors); its
     candidates cover their rows and are among the compile-all check's instantiations."""

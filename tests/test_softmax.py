@@ -493,6 +493,19 @@ def test_staged_backward_rule(monkeypatch):
     assert cs.staged_smem(("staged", 8, 4, 32, 8), 262144, 2) == 2 * 4096 * 16
 
 
+def test_forced_config_must_hold_the_row():
+    """A forced launch config that leaves part of the row out is refused before anything launches."""
+    with pytest.raises(ValueError, match="does not hold rows of 8192"):
+        cs.forward(0, 0, 0, 4, 8192, "bfloat16", "bfloat16", 1.0, False, cs.MASK_NONE, cs.NO_MASK, 0, 0,
+                   config=("rows", 8, 1, 8))
+    with pytest.raises(ValueError, match="does not hold rows of 262144"):
+        cs.backward(0, 0, 0, 4, 262144, "bfloat16", 1.0, False, 0, 0, config=("staged", 8, 4, 16, 8))
+    with pytest.raises(ValueError, match="does not hold rows of 1001"):
+        cs.forward(0, 0, 0, 4, 1001, "float32", "float32", 1.0, False, cs.MASK_NONE, cs.NO_MASK, 0, 0,
+                   config=("cluster", 4, 8, 16, 2))  # 1001 is not whole vectors of 4
+    assert cs.covers(("looped", 8), 10**6) and cs.covers(("staged", 8, 4, 16, 16), 262144)
+
+
 def test_full_rows_flag():
     """The FULL flag (bounds tests compiled out) only where an unmasked row fills its register config
     exactly, and those kernels are among the compile-all check's instantiations."""

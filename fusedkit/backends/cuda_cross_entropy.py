@@ -188,6 +188,12 @@ def _fwd_plan(N, dt, device, config, max_vec):
     if plan is not None:
         return plan
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
+    if cfg[0] in ("rows", "persistent"):  # register-mapped: the row must fit the config
+        _, vec, items, warps, c = cfg
+        if N % vec or c * 32 * warps * items * vec < N:
+            raise ValueError(f"fusedkit: cross_entropy launch config {cfg} does not hold rows of {N} logits (it "
+                             f"needs N in whole vectors and C x 32 x warps x items x vec >= N); leave config "
+                             f"unset for the tuned one")
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
     smem, cap = 0, None
