@@ -618,3 +618,27 @@ def test_backward_kernels_are_registered(rms):
     for (op, N, s), t in cn.TUNED_STAGED.items():
         if (op == "rms") == rms:
             assert cn.bwd_config(N, s, rms, staged=True) == ("staged", cn.vec_width(N, s)) + tuple(t)
+
+
+def test_forced_config_must_hold_the_row():
+    """A forced register-mapped config that leaves part of the row out is refused before anything launches
+    (forward, FP8 forward and backward, a pair config holding its split parts)."""
+    from fusedkit.backends import cuda_norms as cn
+    with pytest.raises(ValueError, match="does not hold rows of 8192"):
+        cn.check_covers("norm forward", ("rows", 8, 2, 8), 8192)
+    with pytest.raises(ValueError, match="does not hold rows of 8190"):
+        cn.check_covers("norm backward", ("rows", 4, 4, 16), 8190)  # not whole vectors of 4
+    cn.check_covers("norm backward", ("pair", 8, 2, 16, 2, 0, 0, 1, 2), 16384)  # two halves of 8192
+    with pytest.raises(ValueError, match="does not hold rows of 16384"):
+        cn.check_covers("norm backward", ("pair", 8, 2, 16, 2, 0, 0, 1, 1), 16384)
+    cn.check_covers("norm forward", ("looped", 8), 10**6)
+    for N in (1, 7, 781, 1024, 4096, 8192, 14336, 16384, 65536):   # every config the dispatch picks holds its row
+        for s in (2, 4):
+            cn.check_covers("norm forward", cn.fwd_config(N, s), N)
+            cn.check_covers("FP8-output norm forward", cn.fwd_fp8_config(N, s), N)
+            for staged in (False, True):
+                cn.check_covers("norm backward", cn.bwd_config(N, s, staged=staged), N)
+    with pytest.raises(ValueError, match="does not hold rows"):
+        cn.forward(0, 0, 0, 0, 0, 0, 0, 0, 4, 8192, "bfloat16", "bfloat16", "bfloat16", 1e-5, False, False, 0, 0,
+                   config=("rows", 8, 2, 8))
+

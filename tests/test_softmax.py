@@ -503,7 +503,8 @@ def test_forced_config_must_hold_the_row():
     with pytest.raises(ValueError, match="does not hold rows of 1001"):
         cs.forward(0, 0, 0, 4, 1001, "float32", "float32", 1.0, False, cs.MASK_NONE, cs.NO_MASK, 0, 0,
                    config=("cluster", 4, 8, 16, 2))  # 1001 is not whole vectors of 4
-    assert cs.covers(("looped", 8), 10**6) and cs.covers(("staged", 8, 4, 16, 16), 262144)
+    cs.check_covers("softmax_fwd", ("looped", 8), 10**6)
+    cs.check_covers("softmax_bwd", ("staged", 8, 4, 16, 16), 262144)
 
 
 def test_full_rows_flag():

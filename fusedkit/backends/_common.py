@@ -17,6 +17,16 @@ def vec_width(n: int, itemsize: int, max_vec: int = 16) -> int:
     return v
 
 
+def check_row_config(op: str, cfg, N: int, vec: int, slots: int) -> None:
+    """A register-mapped launch config (``slots`` vector slots per row: CTAs x threads x vectors each) must
+    hold a whole row of N: N in whole vectors of ``vec`` and slots x vec >= N. A forced config that does
+    not would leave part of every row out, silently; this refuses it before anything launches."""
+    if N % vec or slots * vec < N:
+        raise ValueError(f"fusedkit: {op} launch config {cfg} does not hold rows of {N} elements (it needs N "
+                         f"in whole vectors of {vec} and {slots} slots x {vec} >= N); leave config unset for "
+                         f"the tuned one")
+
+
 def align_elems(pairs) -> int:
     """Largest power-of-two element count (at most 16) every (pointer, element size) pair is aligned
     to; null pointers are ignored."""

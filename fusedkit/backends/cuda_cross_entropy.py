@@ -22,8 +22,8 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import Launcher, stream_ptr
-from ._common import (align_elems, blocks_per_sm, grid_stride_blocks, launcher, resident_clusters, sm_count,
-                      vec_width)
+from ._common import (align_elems, blocks_per_sm, check_row_config, grid_stride_blocks, launcher,
+                      resident_clusters, sm_count, vec_width)
 
 FILE = "cross_entropy.cu"
 CLUSTERS = (2, 4, 8)     # portable cluster sizes tried, smallest first
@@ -190,10 +190,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
     if cfg[0] in ("rows", "persistent"):  # register-mapped: the row must fit the config
         _, vec, items, warps, c = cfg
-        if N % vec or c * 32 * warps * items * vec < N:
-            raise ValueError(f"fusedkit: cross_entropy launch config {cfg} does not hold rows of {N} logits (it "
-                             f"needs N in whole vectors and C x 32 x warps x items x vec >= N); leave config "
-                             f"unset for the tuned one")
+        check_row_config("cross_entropy", cfg, N, vec, c * 32 * warps * items)
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
     smem, cap = 0, None

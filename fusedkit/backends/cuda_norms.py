@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from .. import _env, _jit
 from .._launch import ClusterLaunch, Launcher, stream_ptr
-from ._common import align_elems, blocks_per_sm, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
+from ._common import align_elems, blocks_per_sm, check_row_config, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
 from .cuda_fp8 import FMT_CXX
 
@@ -334,8 +334,18 @@ def _staged_ok(device: int) -> bool:
     return _env.STAGED and cupy.cuda.Device(device).compute_capability >= "90"
 
 
+def check_covers(op: str, cfg, N: int) -> None:
+    """The register-mapped kinds must hold a whole row (``_common.check_row_config``; a pair config holds
+    ``split`` parts); the looped kernels take any N."""
+    if cfg[0] != "looped":
+        vec, items, warps = cfg[1:4]
+        parts = cfg[8] if cfg[0] == "pair" else 1
+        check_row_config(op, cfg, N, vec, parts * 32 * warps * items)
+
+
 def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w):
     cfg = config or fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms, max_vec)
+    check_covers("norm forward", cfg, N)
     expr = fwd_expr(cfg, x_dt, w_dt, o_dt, rms, plain_w=plain_w, N=N)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # one group of rows per block
@@ -368,6 +378,7 @@ _fwd_fp8_plans: dict = _jit.plan_cache()
 
 def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent):
     cfg = config or fwd_fp8_config(N, ITEMSIZE[x_dt], rms, max_vec)
+    check_covers("FP8-output norm forward", cfg, N)
     expr = fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, plain_w=plain_w, persistent=persistent, N=N)
     k = _jit.get_kernel(FILE, expr, device)
     if cfg[0] == "rows":  # persistent: grid-stride over row groups, at most the resident blocks x waves
@@ -433,6 +444,7 @@ def _bwd_plan(N, x_dt, w_dt, rms, device, config, max_vec=16, plain_w=False):
         return plan
     itemsize = ITEMSIZE[x_dt]
     cfg = config or bwd_config(N, itemsize, rms, _staged_ok(device), max_vec)
+    check_covers("norm backward", cfg, N)
     expr = bwd_expr(cfg, x_dt, w_dt, rms, plain_w=plain_w)
     k = _jit.get_kernel(FILE, expr, device)
     extra, ctas, merge = (), 1, 1

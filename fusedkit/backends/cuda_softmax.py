@@ -27,7 +27,7 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import align_elems, blocks_per_sm, launcher, sm_count, vec_width
+from ._common import align_elems, blocks_per_sm, check_row_config, launcher, sm_count, vec_width
 from ._common import resident_clusters as _resident_clusters  # module-level: tests replace it
 
 FILE = "softmax.cu"
@@ -180,15 +180,13 @@ def _geometry(cfg):
     return (LOOPED_THREADS, 1), 1, 1
 
 
-def covers(cfg, N: int) -> bool:
-    """Whether a config holds a whole row of N: the register and staged kinds need N in whole vectors and
-    C x 32 x warps x items x vec >= N (a forced config that does not would leave part of the row out);
-    the looped kernel takes any N."""
-    if cfg[0] == "looped":
-        return True
-    vec, items, warps = cfg[1:4]
-    c = cfg[4] if cfg[0] in ("cluster", "staged") else 1
-    return N % vec == 0 and c * 32 * warps * items * vec >= N
+def check_covers(op: str, cfg, N: int) -> None:
+    """The register and staged kinds must hold a whole row (``_common.check_row_config``); the looped
+    kernel takes any N."""
+    if cfg[0] != "looped":
+        vec, items, warps = cfg[1:4]
+        c = cfg[4] if cfg[0] in ("cluster", "staged") else 1
+        check_row_config(op, cfg, N, vec, c * 32 * warps * items)
 
 
 def staged_smem(cfg, N, tensors: int = 1) -> int:
@@ -308,10 +306,7 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_C
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
     (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
     ``staged_tensors``: the staged kernel's parameter codes and staged inputs (forward: x; backward: y, dy)."""
-    if not covers(cfg, N):
-        raise ValueError(f"fusedkit: {op} launch config {cfg} does not hold rows of {N} elements (it needs N "
-                         f"in whole vectors and C x 32 x warps x items x vec >= N); leave config unset for the "
-                         f"tuned one")
+    check_covers(op, cfg, N)
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
         expr = expr_of(c)
