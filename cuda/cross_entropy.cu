@@ -374,7 +374,7 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
     ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, true, leader, N, ch.v0, ch.vend,
-                                        smoothing, z_loss, MailboxStep<CLUSTER, LseStats>{&box, step, rank});
+                                        smoothing, z_loss, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }

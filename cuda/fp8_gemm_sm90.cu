@@ -864,32 +864,23 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
     // ring (a stage is refilled once both have released it) bounds the lag. Same arithmetic, same bits.
     if (FK_GEMM_WG_LAG_NS > 0 && cw == 1) __nanosleep(FK_GEMM_WG_LAG_NS);
 
-    // The epilogue of tile (tm, tn) in two halves: v = act(alpha x + C + bias) with amax, packed into the
-    // output's pairs (16-bit and 8-bit outputs), then the stores of the packed pairs (direct or staged);
-    // fp32 outputs are stored from x.
+    // The epilogue of tile (tm, tn): v = act(alpha x + C + bias) with amax; 16-bit and 8-bit outputs are
+    // packed into pairs, then stored (direct or staged); fp32 outputs are stored from x.
     unsigned pk[GemmOut<OUT>::bytes <= 2 ? BN / 4 : 1];
-    auto epilogue_pack = [&](float (&x)[NR], int tm, int tn) {
+    auto epilogue = [&](float (&x)[NR], int tm, int tn) {
       const int r0 = tm * kGemmBM + row_in_tile, c0 = tn * BN + 2 * (lane & 3);   // rows r0, r0 + 8
       gemm_epilogue_math<OUT, BN>(x, out, bias, alpha, r0, c0, M, N, bias_kind, act, accumulate);
       if (amax != nullptr) gemm_amax<BN>(x, amax, r0, c0, M, N);
-      if constexpr (GemmOut<OUT>::bytes <= 2) gemm_pack<OUT, BN>(x, pk, oscale);
-    };
-    auto epilogue_store = [&](int tm, int tn) {
       if constexpr (GemmOut<OUT>::bytes <= 2) {
+        gemm_pack<OUT, BN>(x, pk, oscale);
         if constexpr (STORE == GEMM_STORE_DIRECT) {
-          gemm_store_packed<OUT, BN>(pk, out, tm * kGemmBM + row_in_tile, tn * BN + 2 * (lane & 3), M, N);
+          gemm_store_packed<OUT, BN>(pk, out, r0, c0, M, N);
         } else {
           gemm_store_staged<OUT, BN, STORE>(pk, &tma_d, out_stage + cw * OUT_STAGE, cw, tm * kGemmBM + 64 * cw,
                                             tn * BN);
         }
-      }
-    };
-    auto epilogue = [&](float (&x)[NR], int tm, int tn) {
-      epilogue_pack(x, tm, tn);
-      if constexpr (GemmOut<OUT>::bytes <= 2) {
-        epilogue_store(tm, tn);
       } else {
-        gemm_store_f32<BN>(x, out, tm * kGemmBM + row_in_tile, tn * BN + 2 * (lane & 3), M, N);
+        gemm_store_f32<BN>(x, out, r0, c0, M, N);
       }
     };
     auto tile_coords = [&](int t, int& tm, int& tn) {

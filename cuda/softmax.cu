@@ -420,7 +420,8 @@ __device__ __forceinline__ void mask_to_neg_inf(Vec<T, VEC> (&raw)[ITEMS], unsig
 }
 
 // Statistics, merge and output of a row whose vectors sit in registers (MASKING: how `bits` applies).
-// MERGE: OneShotMerge (common/cluster.cuh) for one row per cluster, StepMerge for the persistent kernel.
+// MERGE: OneShotMerge (common/cluster.cuh) for one row per cluster, MailboxStep (common/staged.cuh) per
+// row of the persistent kernel.
 // FULL: the row fills every vector slot (N == ITEMS x 32 x WARPS x VEC, one CTA per row); the per-vector
 // bounds tests are compiled out (a row past M holds zeros and stores nothing).
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE,
@@ -531,19 +532,14 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 }
 
 // Long rows, staged (sm_90, no mask): persistent. Each CTA (CLUSTER CTAs per row as above) walks rows
-// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters; StagedChunk above). Its
+// row0, row0 + G, ... (G = gridDim.x / CLUSTER, at most the resident clusters; common/staged.cuh). Its
 // chunk of the next row arrives by one bulk copy into shared memory while it reduces and writes the
-// current one from registers: per row, wait for the copy, move the chunk to registers (thread t takes vectors t + i T, the
-// register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues the next row's copy,
-// and the statistics, merge and output run as in softmax_fwd_finish. Without it, the CTAs of a wave
-// load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87 of copy at 65536).
-// Cluster merge per row: a two-slot ClusterMailbox (common/cluster.cuh), step k = the k-th row: a CTA
-// sends step k + 1 only after the block barrier of row k + 1, which follows every thread's use of step
-// k's values. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
+// current one from registers: per row, wait for the copy, move the chunk to registers (thread t takes
+// vectors t + i T, the register mapping of softmax_fwd_cluster), a block barrier, then thread 0 issues
+// the next row's copy, and the statistics, merge and output run as in softmax_fwd_finish. Without it,
+// the CTAs of a wave load, reduce and store in lockstep and the DRAM idles while they reduce (0.82-0.87
+// of copy at 65536). Cluster merge per row: MailboxStep (common/staged.cuh), step k = the k-th row. Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared
 // memory = ceil(N / VEC / CLUSTER) x 16 bytes.
-template <int CLUSTER>
-using StepMerge = MailboxStep<CLUSTER, MaxSum>;
-
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
 softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
@@ -565,7 +561,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     __syncthreads();  // the stage is read: refill it with the next row's chunk
     if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c,
-                                                        StepMerge<CLUSTER>{&box, step, rank});
+                                                        MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }
@@ -621,25 +617,9 @@ __device__ __forceinline__ float bwd_dx(float y, float dy, float d, float scale)
   return LOG ? scale * (dy - exp2_nonpos(y * kLog2e) * d) : scale * y * (dy - d);
 }
 
-// How a CTA's partial D becomes the row's: OneShotMerge (common/cluster.cuh) in softmax_bwd_cluster;
-// StepSum, the k-th row of a persistent kernel (softmax_bwd_staged), through a two-slot mailbox.
-template <int CLUSTER>
-struct StepSum {
-  ClusterMailbox<float4, CLUSTER, 2>* box;
-  int step, rank;
-  __device__ __forceinline__ float operator()(float d) const {
-    if constexpr (CLUSTER > 1) {
-      if (threadIdx.x == 0) box->send_all(make_float4(d, 0.f, 0.f, 0.f), step, rank);
-      d = sum_ranks<CLUSTER>(box->receive(step));
-      if (threadIdx.x == 0) box->rearm(step);
-    }
-    return d;
-  }
-};
-
 // D of a row whose y and dy vectors sit in registers (zeros past the CTA's part), then dx. Vector i of
 // thread t is vector v0 + t + i * T_ROW of the row; row_ok false: the thread only takes part in the
-// reductions.
+// reductions. SUM: OneShotMerge (one row per cluster) or MailboxStep (persistent) on the partial D.
 template <typename T, int VEC, int ITEMS, int WARPS, bool LOG, typename SUM>
 __device__ __forceinline__ void softmax_bwd_finish(const Vec<T, VEC> (&yr)[ITEMS], const Vec<T, VEC> (&gr)[ITEMS],
                                                    T* __restrict__ dx, long long base, bool row_ok, int v0,
@@ -713,7 +693,7 @@ softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __rest
 // walks rows row0, row0 + G, ...; its chunks of the next row's y and dy arrive by two bulk copies on one
 // mbarrier into shared memory while it finishes the current row from registers: wait, move both chunks
 // to registers (the mapping of softmax_bwd_cluster), a block barrier, thread 0 issues the next row's
-// copies, then D, its cluster sum (StepSum) and dx. The same per-thread order of the sums as
+// copies, then D, its cluster sum (MailboxStep) and dx. The same per-thread order of the sums as
 // softmax_bwd_cluster with the same (ITEMS, WARPS, CLUSTER), so the two give the same bits. Written so
 // that the backward's clusters (8 x 1024 threads at 262144, 0.82 of copy: a new cluster waits for 8 free
 // SMs of one GPC per row) become resident once; not yet measured. Needs 16-byte vectors (the host
@@ -742,7 +722,7 @@ softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
     __syncthreads();  // both chunks are read: refill them with the next row's
     if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
     softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, row * (long long)N, true, ch.v0, ch.vend, scale,
-                                                  StepSum<CLUSTER>{&box, step, rank});
+                                                  MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }

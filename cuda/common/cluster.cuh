@@ -215,6 +215,20 @@ __device__ __forceinline__ float cluster_sum(float d, StatsBox<CLUSTER>* box) {
   return sum_ranks<CLUSTER>(box->receive(0));
 }
 
+// What a CTA contributes to a cluster-wide merge, by type: a float is summed over the ranks
+// (sum_ranks), a statistics type merged (merge_ranks). mailbox_value: its float4 image for a mailbox
+// slot; combine_ranks: the CLUSTER images of one step, combined in rank order.
+__device__ __forceinline__ float4 mailbox_value(float d) { return make_float4(d, 0.f, 0.f, 0.f); }
+
+template <typename S>
+__device__ __forceinline__ float4 mailbox_value(const S& v) { return StatsOps<S>::pack(v); }
+
+template <int CLUSTER>
+__device__ __forceinline__ float combine_ranks(const float4* all, float) { return sum_ranks<CLUSTER>(all); }
+
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S combine_ranks(const float4* all, const S&) { return merge_ranks<CLUSTER, S>(all); }
+
 // One row per cluster (the non-persistent cluster kernels): a CTA's statistics of its part of the row
 // (a stats type, or a float to be summed) become the row's through cluster_merge / cluster_sum, then the
 // thread arrives at the closing cluster barrier (the kernel waits on it before it exits). An identity

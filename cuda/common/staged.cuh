@@ -97,17 +97,19 @@ __device__ __forceinline__ void staged_close() {
   }
 }
 
-// The k-th row's statistics of every CTA of the cluster (CLUSTER > 1), merged in rank order through a
-// two-slot ClusterMailbox (common/cluster.cuh): a CTA sends step k + 1 only after the block barrier of
-// row k + 1, which follows every thread's use of step k's values. An identity without a cluster.
-template <int CLUSTER, typename S>
+// The k-th row's statistics (or float sums) of every CTA of the cluster (CLUSTER > 1), combined in rank
+// order through a two-slot ClusterMailbox (common/cluster.cuh): a CTA sends step k + 1 only after the
+// block barrier of row k + 1, which follows every thread's use of step k's values. An identity without a
+// cluster.
+template <int CLUSTER>
 struct MailboxStep {
   ClusterMailbox<float4, CLUSTER, 2>* box;
   int step, rank;
+  template <typename S>
   __device__ __forceinline__ S operator()(S st) const {
     if constexpr (CLUSTER > 1) {
-      if (threadIdx.x == 0) box->send_all(StatsOps<S>::pack(st), step, rank);
-      st = merge_ranks<CLUSTER, S>(box->receive(step));
+      if (threadIdx.x == 0) box->send_all(mailbox_value(st), step, rank);
+      st = combine_ranks<CLUSTER>(box->receive(step), st);
       if (threadIdx.x == 0) box->rearm(step);
     }
     return st;

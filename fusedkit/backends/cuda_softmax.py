@@ -377,12 +377,9 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
             lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N,
             staged_codes=BWD_CODES, staged_tensors=2)
     fn, block, rpb, per_row, smem, cap = plan
-    if M > 0 and N > 0:
-        if cap is None:
-            fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), dy, y, dx, M, N, scale)
-        else:  # the persistent staged kernel: at most one cluster per row
-            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), dy, y, dx, M, N,
-               scale)
+    if M > 0 and N > 0:  # the persistent staged kernel (cap): at most the resident clusters, one per row
+        grid = _grid(M, rpb, per_row) if cap is None else min(M, cap, STAGED_MAX_GRID or cap) * per_row
+        fn(grid, block, smem, stream_ptr(stream), dy, y, dx, M, N, scale)
 
 
 def all_expressions():
