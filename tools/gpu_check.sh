@@ -138,7 +138,7 @@ if has abopts; then  # compile-time experiments A/B in one process: AB_OPTIONS, 
     IFS=';' read -ra vs <<< ";${AB_OPTIONS:-}"
     for v in "${vs[@]}"; do
       for st in ", 1, 1>" ", 1, 2>"; do
-        FUSEDKIT_NVRTC_OPTIONS="${v%%@*}" timeout $(left 120) python3 tools/precompile_gemm.py "E4M3, fk::E4M3" "$st" \
+        FUSEDKIT_NVRTC_OPTIONS="${v%%@*}" timeout $(left 120) python3 tools/precompile_gemm.py --no-sk "E4M3, fk::E4M3" "$st" \
           >> "$OUT/ab_precompile.log" 2>&1
       done
     done

@@ -191,16 +191,19 @@ SK_VARIANTS = (("fast", 256, 1, "whole"), ("split", 128, 1, "staged"), ("block",
                ("split", 128, 1, "direct"))
 
 
+def sk_expressions() -> list:
+    """The stream-K instantiations (SK_VARIANTS for every output type they are built for)."""
+    return [expr("e4m3", "e4m3", bn, mode, out, stages_for(bn, out, store), cluster, store, "sk")
+            for mode, bn, cluster, store in SK_VARIANTS for out in variant_outputs(bn, store)]
+
+
 def all_expressions():
     exprs = []
     for fa, fb in PAIRS:
         for mode, bn, cluster, store in VARIANTS:
             for out in variant_outputs(bn, store):
                 exprs.append(expr(fa, fb, bn, mode, out, stages_for(bn, out, store), cluster, store))
-    for mode, bn, cluster, store in SK_VARIANTS:
-        for out in variant_outputs(bn, store):
-            exprs.append(expr("e4m3", "e4m3", bn, mode, out, stages_for(bn, out, store), cluster, store, "sk"))
-    return {FILE: exprs}
+    return {FILE: exprs + sk_expressions()}
 
 
 @lru_cache(maxsize=None)
