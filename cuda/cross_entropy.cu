@@ -217,7 +217,6 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
 // Fused forward + gradient, row (or a cluster's chunk of it) in registers. logits and grad may alias
 // (in-place gradient): every element is read into registers before the first write of its row.
 
-
 // Statistics, merge, loss and gradient of a row whose vectors [v0, vend) sit in registers (zeros past
 // vend and in rows that are not read). x0: the row's first logit (label smoothing), xt: the target logit
 // (the leader's; 0 elsewhere: the merged sum delivers it to every thread).
