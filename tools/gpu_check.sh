@@ -10,7 +10,8 @@
 #   ASV_TIMEOUT (default 300 s) bounds asv run. NCU_KERNELS / NCU_COUNT / NCU_SECTIONS / PROFILE_CASES
 #   steer the profile stage; GEMM_SANITIZE=0 / GEMM_BENCH=0 skip the gemm stage's memcheck / benchmark; AB_TIMEOUT (default 240 s)
 #   bounds the abopts stage (GEMM cases compile for minutes: give them more). GEMMSWEEP_TIMEOUT (default
-#   200 s) bounds gemmsweep (FK_SCHEDS=dp,sk doubles its rows: give it ~320).
+#   200 s) bounds gemmsweep (FK_SCHEDS=dp,sk doubles its rows: give it ~320; FK_SHAPES="MxKxN,..." keeps
+#   some of its five shapes).
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all);
 #   TEST_OPTIONS="-DX=1" builds its kernels with those NVRTC defines (the other stages keep the shipped ones).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place

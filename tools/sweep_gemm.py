@@ -6,7 +6,8 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 
 FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
 stores timed beside "direct" ("none": direct only); FK_SCHEDS=dp,sk also times the stream-K tail of the
-variants built with it (cuda_gemm.SK_VARIANTS), "sk" alone only those.
+variants built with it (cuda_gemm.SK_VARIANTS), "sk" alone only those. FK_SHAPES="8192x8192x8192,..."
+(M x K x N) keeps those of the issue-5 shapes (default: all five).
 
 Also times block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation)
 with direct and staged stores, against plain split cuBLASLt.
@@ -35,8 +36,10 @@ def main(out_path):
 
     def walks(mode, bn, cluster, store):
         return [w for w in scheds if w == "dp" or (mode, bn, cluster, store) in cuda_gemm.SK_VARIANTS]
+    shapes = os.environ.get("FK_SHAPES")
+    keep = {tuple(int(d) for d in s.split("x")) for s in shapes.split(",")} if shapes else set(GEMM_WORK)
     results = []
-    for (M, K, N) in GEMM_WORK:
+    for (M, K, N) in [s for s in GEMM_WORK if s in keep]:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         a, b = fk.quantize(x, fmt="e4m3"), fk.quantize(w, fmt="e4m3")
