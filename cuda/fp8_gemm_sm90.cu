@@ -467,8 +467,11 @@ __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles
 // its tail starts the next one's. The tail is computed first (at the start of that share), parked in
 // global memory (gemm_sk_park: slot = the tail's CTA, one flag per consumer warpgroup) and collected by
 // the head's CTA at the end of its share (gemm_sk_collect: fin + partial, one rounding, then the
-// epilogue): deterministic, so FP8 and fp32 outputs of a shape still agree bit for bit. Every CTA is
-// resident (one per SM, grid <= SMs), and a tail never waits for anything, so the head's wait ends.
+// epilogue): deterministic, so FP8 and fp32 outputs of a shape still agree bit for bit. Progress: CTA b
+// waits only for CTA b + 1 to reach its share (data-parallel tiles wait for nothing; the tail is parked
+// first). CTAs start in index order, so the resident ones are a range of which only the last can wait;
+// the rest finish and free SMs for the next ones. The walk thus ends even when other work holds SMs
+// (NCCL kernels on another stream, an MPS share) as long as two CTAs fit at once.
 __device__ __forceinline__ void gemm_sk_share(int total, int& lo, int& hi) {
   lo = (int)((long long)blockIdx.x * total / gridDim.x);
   hi = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
