@@ -662,8 +662,10 @@ def test_configs():
     the compile-all check."""
     from fusedkit.backends import cuda_cross_entropy as ce
     assert ce.fwd_config(32768, 2) == ("staged", 256, 1, 1)
-    assert ce.fwd_config(131072, 2) == ("staged", 256, 4, 1)
-    assert ce.fwd_config(262144, 2) == ("staged", 256, 8, 1)
+    assert ce.staged_config(131072, 2) == ("staged", 256, 4, 1)  # the rule; tuned: persistent
+    assert ce.fwd_config(131072, 2) == ("persistent", 8, 8, 32, 2)
+    assert ce.staged_config(262144, 2) == ("staged", 256, 8, 1)  # the rule; tuned: 16 CTAs, two buffers
+    assert ce.fwd_config(262144, 2) == ("staged", 256, 16, 2)
     assert ce.fwd_config(262144, 4) == ("staged", 256, 16, 1)
     assert ce.staged_chunk_bytes(("staged", 256, 4, 1), 50264, 2) == 1571 * 16  # 6283 vectors over 4 CTAs
     assert ce.fwd_config(32768, 2, max_vec=4) == ("rows", 4, 8, 16, 2)  # a view off 16 bytes: registers

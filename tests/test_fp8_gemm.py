@@ -548,7 +548,7 @@ def test_gpu_stream_k_tail(mode, bn, store, waves):
     units = m_tiles * n_tiles
     if cuda_gemm.sk_split(units, sms) == units:
         pytest.skip(f"{units} tiles on {sms} SMs leave no tail to split")
-    M, N, K = 128 * m_tiles - 40, bn * n_tiles - 16, 9 * 128 - 16   # 9 K blocks, the last one partial
+    M, N, K = 128 * m_tiles - 48, bn * n_tiles - 16, 9 * 128 - 16   # 9 K blocks, the last one partial
     rng = rng_for("sk", mode, bn, store, waves)
     a, b = host_operands(rng, M, N, K, scaling="block" if mode == "block" else "tensor")
     bias = to_backend(rng.standard_normal(N).astype(np.float32), "torch")

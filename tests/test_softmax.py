@@ -474,7 +474,7 @@ def test_configs():
     assert cs.fwd_config(262144, 2, staged=True)[0] == "staged"
     assert cs.fwd_config(262144, 2, staged=True, max_vec=4)[0] == "cluster"  # bulk copies need 16-byte vectors
     assert cs.fwd_config(262144, 2, clusters=False, staged=True)[0] == "looped"  # and sm_90
-    assert cs.bwd_config(262144, 2, staged=True) == cs.bwd_config(262144, 2)  # staged backward: not tuned yet
+    assert cs.bwd_config(262144, 2, staged=True) == ("staged", 8, 4, 16, 16)  # TUNED_STAGED_BWD
     for N, cands in cs.STAGED_BWD_CANDIDATES.items():
         for cfg in cands:
             vec, items, warps, c = cfg[1:5]

@@ -9,8 +9,8 @@ rows per block), a thread-block cluster of C CTAs splitting the row in registers
 16, C)``, sm_90+, launched with a cluster-dimension attribute through fusedkit/_launch.py), or, beyond
 that, ``("looped", vec)`` (two passes over global memory). ``("persistent", vec, items, warps, C)``
 (sm_90, 16-byte vectors): the register mapping of the cluster kernel in a persistent grid whose CTAs
-bulk-copy their chunk of the next row while they finish the current one (TUNED_PERSISTENT, empty until
-measured: ``config=`` and tools/sweep_cross_entropy.py reach it). Sequence of a call (all on the caller's stream):
+bulk-copy their chunk of the next row while they finish the current one (TUNED_PERSISTENT names
+the shapes; ``config=`` and tools/sweep_cross_entropy.py reach the others). Sequence of a call (all on the caller's stream):
 ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
 fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
 order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
@@ -33,8 +33,9 @@ REDUCE_CHUNK = 65536     # kCeReduceChunk: tokens per ce_reduce block (fixed, so
 BWD_THREADS = 256
 
 # Launch configs measured best on the H200, keyed by (N, itemsize): filled from sweeps (the rule in
-# fwd_config applies elsewhere). Empty until the first GPU sweep of this kernel.
-TUNED: dict = {}
+# fwd_config applies elsewhere). 262144: sweep_ce_2026-12-05T1008Z.json (4096 x 262144 bf16, loss and
+# gradient): 16 CTAs of 32 KB, double-buffered, 0.847 of copy against 0.825 for the rule's 8 CTAs x 64 KB.
+TUNED: dict = {(262144, 2): ("staged", 256, 16, 2)}
 
 # The staged kernel (ce_fwd_staged): rows of at least STAGED_MIN_BYTES, split over the fewest CTAs
 # (cluster of 1, 2, 4, 8 or 16) that keep each CTA's chunk within STAGE_CHUNK_BYTES. Sweeps on the H200
@@ -54,11 +55,12 @@ STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluste
 # Cluster scheduling policy preference of the staged launches (0 default, 1 spread, 2 load balancing):
 # tools/sweep_cross_entropy.py measures the three (SWEEP_POLICIES).
 STAGED_CLUSTER_POLICY = 0
-# The persistent kernel (ce_fwd_persistent, written 2026-12-05 without a device): (items, warps, C) per
-# (N, itemsize), taking precedence over the rule where it applies. The softmax forward, the same bytes
-# per element, went from 0.78 to 0.82-0.86 of copy at 262144 with this scheme; cross-entropy reads
-# 0.81 there. PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
-TUNED_PERSISTENT: dict = {}
+# The persistent kernel (ce_fwd_persistent): (items, warps, C) per (N, itemsize), taking precedence over
+# the rule where it applies (the softmax forward's long-row scheme). Sweep sweep_ce_2026-12-05T1008Z.json
+# (2^30 bf16 elements, loss and gradient, fraction of copy): 8192 x 131072 (8, 32, 2) 0.885 against 0.856
+# for the staged rule (4 CTAs x 64 KB); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847.
+# PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
+TUNED_PERSISTENT: dict = {(131072, 2): (8, 32, 2)}
 PERSISTENT_CANDIDATES = {32768: ((8, 16, 1), (4, 32, 1)),
                          131072: ((8, 16, 4), (4, 32, 4), (8, 32, 2)),
                          262144: ((8, 16, 8), (4, 32, 8), (4, 16, 16))}

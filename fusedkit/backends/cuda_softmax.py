@@ -10,8 +10,8 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 * ``("staged", vec, items, warps, C)``: sm_90, unmasked forward only: the register mapping of
   ``cluster`` (C = 1: a CTA per row) in a persistent grid, each CTA's chunk of the next row arriving by a
   bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
-  The backward has the same kind for y and dy (two bulk copies per row; TUNED_STAGED_BWD, empty until
-  measured: ``config=`` and tools/sweep_softmax.py reach it).
+  The backward has the same kind for y and dy (two bulk copies per row; TUNED_STAGED_BWD names the
+  shapes).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -59,12 +59,13 @@ TUNED_MASKED_FWD: dict = {(1024, 2): ("rows", 4, 1)}
 # register config 0.777); at 65536 the best staged split, 2 x 512 threads, 0.825, lost to one
 # register CTA per row (0.866), so 65536 keeps that.
 TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
-# The staged backward: (items, warps, C) per (N, itemsize). Written 2026-12-05 without a device: the
-# backward at 262144 reads 0.82 of copy with any cluster split (a non-persistent grid of clusters of 8,
-# each waiting for 8 free SMs of one GPC) against 0.95 at 65536 with clusters of 4; the persistent
-# staged kernel makes its clusters resident once. Not measured yet, so nothing picks it by default;
+# The staged backward: (items, warps, C) per (N, itemsize). The backward at 262144 read 0.82 of copy with
+# any cluster split (a non-persistent grid of clusters of 8, each waiting for 8 free SMs of one GPC)
+# against 0.95 at 65536; the persistent staged kernel makes its clusters resident once. Sweep
+# sweep_softmax_bwd_staged_2026-12-05T1009Z.json (512 x 262144 bf16, fraction of copy): (4, 16, 16)
+# 0.942 against 0.826 for the cluster kernel of the same split; (8, 16, 8) 0.926, (4, 32, 8) 0.922.
 # STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
-TUNED_STAGED_BWD: dict = {}
+TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
 STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
 STAGED_MAX_GRID = None
 
