@@ -63,26 +63,30 @@ def test_readme_table_takes_each_op_from_its_newest_run(tmp_path, monkeypatch):
     rt = _readme_table()
     res = tmp_path / "benchmarks" / "results"
     res.mkdir(parents=True)
-    old = {"device": "GPU", "date": "2026-01-01T00:00:00+00:00", "copy_GBps": 4000.0,
+    old = {"device": "NVIDIA H200", "date": "2026-01-01T00:00:00+00:00", "copy_GBps": 4000.0,
            "rows": [_row("layer_norm_fwd", [8, 8], "fusedkit", 1.0, 3600.0),
                     _row("layer_norm_fwd", [8, 8], "torch_eager", 2.0, 1800.0),
                     _row("softmax_fwd", [8, 8], "fusedkit", 1.0, 2000.0)]}
-    new = {"device": "GPU", "date": "2026-02-01T00:00:00+00:00", "copy_GBps": 4000.0,
+    new = {"device": "NVIDIA H200", "date": "2026-02-01T00:00:00+00:00", "copy_GBps": 4000.0,
            "rows": [_row("softmax_fwd", [8, 8], "fusedkit", 0.5, 3000.0),
                     _row("fp8_gemm", [16, 16, 16], "fusedkit", 1.0, tflops=900.0),
                     _row("fp8_gemm", [16, 16, 16], "cublaslt", 0.9, tflops=1000.0)]}
     exp = dict(new, date="2026-03-01T00:00:00+00:00", experiment={"FUSEDKIT_NVRTC_OPTIONS": "-DX=1"},
                rows=[_row("softmax_fwd", [8, 8], "fusedkit", 0.1, 9999.0)])
-    for name, r in (("a.json", old), ("b.json", new), ("c_experiment.json", exp), ("sweep_x.json", exp)):
+    other_card = dict(new, device="NVIDIA H100 80GB HBM3", date="2026-04-01T00:00:00+00:00",
+                      rows=[_row("softmax_fwd", [8, 8], "fusedkit", 0.1, 8888.0)])
+    for name, r in (("a.json", old), ("b.json", new), ("c_experiment.json", exp), ("sweep_x.json", exp),
+                    ("d_h100.json", other_card)):
         (res / name).write_text(json.dumps(r))
     monkeypatch.setattr(rt, "ROOT", str(tmp_path))
     groups = rt.newest_groups()
     assert groups[("layer_norm_fwd", (8, 8))][0]["fusedkit"]["GBps"] == 3600.0   # only the old run has it
     assert groups[("softmax_fwd", (8, 8))][0]["fusedkit"]["GBps"] == 3000.0      # newest, not the experiment
+    # nor the newer run on another card (README_DEVICE, H200 by default)
     text = rt.table()
     assert "| layer_norm_fwd | 8 x 8 | 3600 | 0.90 | 2.00x | - | - |" in text
     assert "| fp8_gemm | 16 x 16 x 16 | 900 | cublaslt 0.90x |" in text
-    assert "9999" not in text
+    assert "9999" not in text and "8888" not in text
 
 
 def test_bench_rejects_zero_rounds(capsys):

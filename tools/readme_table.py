@@ -2,9 +2,11 @@
 
 python tools/readme_table.py          # rewrites the block between the PERF markers in README.md
 
-Each (op, shape) comes from the newest GPU run that measured it (a run of some ops, e.g. `--only gemm`,
-does not hide the others); the file each figure comes from is named under the table. Ratios are always
-within one run: GB/s over that run's copy, peer time over fusedkit time.
+Each (op, shape) comes from the newest GPU run on the reference card (README_DEVICE, default H200: the
+card the issues' targets are set on) that measured it (a run of some ops, e.g. `--only gemm`, does not
+hide the others); the file each figure comes from is named under the table. Runs on other cards (an
+H100 when no H200 was lent) stay in benchmarks/results/ and out of the table. Ratios are always within
+one run: GB/s over that run's copy, peer time over fusedkit time.
 """
 import glob
 import json
@@ -13,16 +15,18 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("torch_eager", "torch_compile", "liger")
+DEVICE = os.environ.get("README_DEVICE", "H200")
 
 
 def gpu_results():
-    """The GPU result files (not sweeps, CPU runs or compile-option experiments), oldest first."""
+    """The reference card's result files (not sweeps, CPU runs, compile-option experiments or other
+    cards), oldest first."""
     out = []
     for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json")):
         if os.path.basename(f).startswith(("sweep_", "ab_", "cpu")):
             continue
         res = json.load(open(f))
-        if "experiment" in res or "rows" not in res:
+        if "experiment" in res or "rows" not in res or DEVICE not in res.get("device", ""):
             continue
         out.append((res["date"], f, res))
     return sorted(out, key=lambda t: t[0])

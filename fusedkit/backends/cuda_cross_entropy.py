@@ -33,8 +33,9 @@ REDUCE_CHUNK = 65536     # kCeReduceChunk: tokens per ce_reduce block (fixed, so
 BWD_THREADS = 256
 
 # Launch configs measured best on the H200, keyed by (N, itemsize): filled from sweeps (the rule in
-# fwd_config applies elsewhere). 262144: sweep_ce_2026-12-05T1008Z.json (4096 x 262144 bf16, loss and
-# gradient): 16 CTAs of 32 KB, double-buffered, 0.847 of copy against 0.825 for the rule's 8 CTAs x 64 KB.
+# fwd_config applies elsewhere). 262144: sweep_ce_persistent_2026-12-05T1011Z.json (4096 x 262144
+# bf16, loss and gradient): 16 CTAs of 32 KB, double-buffered, 0.847 of copy against 0.825 for the
+# rule's 8 CTAs x 64 KB (benchmarks on an H100 the same day, 102254Z / 102556Z: 0.892 / 0.848).
 TUNED: dict = {(262144, 2): ("staged", 256, 16, 2)}
 
 # The staged kernel (ce_fwd_staged): rows of at least STAGED_MIN_BYTES, split over the fewest CTAs
@@ -56,9 +57,10 @@ STAGED_MAX_GROUPS = None  # tests: cap the staged grid (clusters) so each cluste
 # tools/sweep_cross_entropy.py measures the three (SWEEP_POLICIES).
 STAGED_CLUSTER_POLICY = 0
 # The persistent kernel (ce_fwd_persistent): (items, warps, C) per (N, itemsize), taking precedence over
-# the rule where it applies (the softmax forward's long-row scheme). Sweep sweep_ce_2026-12-05T1008Z.json
-# (2^30 bf16 elements, loss and gradient, fraction of copy): 8192 x 131072 (8, 32, 2) 0.885 against 0.856
-# for the staged rule (4 CTAs x 64 KB); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847.
+# the rule where it applies (the softmax forward's long-row scheme). Sweep
+# sweep_ce_persistent_2026-12-05T1011Z.json (2^30 bf16 elements, loss and gradient, fraction of copy):
+# 8192 x 131072 (8, 32, 2) 0.885 against 0.856 for the staged rule (4 CTAs x 64 KB; H100 benchmarks
+# 102254Z / 102556Z: 0.878 / 0.874); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847.
 # PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
 TUNED_PERSISTENT: dict = {(131072, 2): (8, 32, 2)}
 PERSISTENT_CANDIDATES = {32768: ((8, 16, 1), (4, 32, 1)),

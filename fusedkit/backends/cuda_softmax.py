@@ -62,7 +62,7 @@ TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 # The staged backward: (items, warps, C) per (N, itemsize). The backward at 262144 read 0.82 of copy with
 # any cluster split (a non-persistent grid of clusters of 8, each waiting for 8 free SMs of one GPC)
 # against 0.95 at 65536; the persistent staged kernel makes its clusters resident once. Sweep
-# sweep_softmax_bwd_staged_2026-12-05T1009Z.json (512 x 262144 bf16, fraction of copy): (4, 16, 16)
+# sweep_softmax_bwd_staged_2026-12-05T1012Z.json (512 x 262144 bf16, fraction of copy): (4, 16, 16)
 # 0.942 against 0.826 for the cluster kernel of the same split; (8, 16, 8) 0.926, (4, 32, 8) 0.922.
 # STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
 TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
