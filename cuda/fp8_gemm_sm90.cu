@@ -477,42 +477,42 @@ __device__ __forceinline__ void gemm_sk_share(int total, int& lo, int& hi) {
   hi = (int)((long long)(blockIdx.x + 1) * total / gridDim.x);
 }
 
-// The segment of the share that starts at flattened K block u: tile t, K blocks [kb0, kb1).
-__device__ __forceinline__ void gemm_sk_segment(int u, int hi, int k_blocks, int dp_tiles, int& t, int& kb0,
-                                                int& kb1) {
-  t = dp_tiles + u / k_blocks;
-  kb0 = u % k_blocks;
-  kb1 = min(k_blocks, kb0 + (hi - u));
-}
-
 // This CTA's work in order: its data-parallel tiles (first, first + step, ... below dp_end), then with
 // stream-K the segments of its share. next(): false when done, else tile t and K blocks [kb0, kb1). One
 // walker drives the producer and the consumers alike, so both see the same sequence, and each loop body
 // is written once (a body called from two loops was not inlined and spilled its accumulators).
+// The stream-K walker (this template; the data-parallel one is the specialization below) finds its
+// segments by additions from the share's start (only the first segment may begin inside a tile) and
+// steps with selects on one path. With a branch per phase (two ways to go round the loop) ptxas took
+// the consumers' K loop off the uniform datapath: stage counters and wgmma descriptors in vector
+// registers, moved by R2UR before every wgmma (split kernel: 396 R2UR and 53 uniform instructions
+// against 45 and 349 for the data-parallel walk), and the split GEMM ran 7-10 % slower than the
+// data-parallel walk on the H200 (sweep_gemm_stream_k_2026-12-05T1011Z.json). With selects: 22 R2UR
+// within 8 instructions before a wgmma, against 18 data-parallel and 35 before (tools/gemm_sass_walks.py).
 template <int SCHED>
 struct GemmWalk {
   int t = 0, kb0 = 0, kb1 = 0;
-  int next_t, step, dp_end, k_blocks, u = 0, hi = 0;
+  int next_t, step, dp_end, k_blocks;
+  int seg_t = 0, seg_kb = 0, left = 0;  // the next segment's tile and first K block; K blocks left
   __device__ __forceinline__ GemmWalk(int first, int step_, int dp_end_, int num_units, int k_blocks_)
       : next_t(first), step(step_), dp_end(dp_end_), k_blocks(k_blocks_) {
-    if constexpr (SCHED == GEMM_SCHED_STREAMK) gemm_sk_share((num_units - dp_end_) * k_blocks_, u, hi);
+    int lo, hi;
+    gemm_sk_share((num_units - dp_end_) * k_blocks_, lo, hi);
+    seg_t = dp_end_ + lo / k_blocks_;
+    seg_kb = lo % k_blocks_;
+    left = hi - lo;
   }
   __device__ __forceinline__ bool next() {
-    if (next_t < dp_end) {
-      t = next_t;
-      next_t += step;
-      kb0 = 0;
-      kb1 = k_blocks;
-      return true;
-    }
-    if constexpr (SCHED == GEMM_SCHED_STREAMK) {
-      if (u < hi) {
-        gemm_sk_segment(u, hi, k_blocks, dp_end, t, kb0, kb1);
-        u += kb1 - kb0;
-        return true;
-      }
-    }
-    return false;
+    const bool dp = next_t < dp_end;
+    const bool sk = !dp && left > 0;
+    t = dp ? next_t : seg_t;
+    kb0 = dp ? 0 : seg_kb;
+    kb1 = dp ? k_blocks : min(k_blocks, seg_kb + left);
+    next_t = dp ? next_t + step : next_t;
+    left = sk ? left - (kb1 - kb0) : left;
+    seg_t = sk ? seg_t + 1 : seg_t;
+    seg_kb = sk ? 0 : seg_kb;
+    return dp || sk;
   }
 };
 
