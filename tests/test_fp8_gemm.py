@@ -525,7 +525,8 @@ def test_stream_k_split_rule():
         assert cuda_gemm.config(4096, 4096, "split") == (128, 6, 1, "staged")
 
 
-SK_CASES = [("split", 128, "staged"), ("split", 128, "direct"), ("block", 128, "staged"), ("fast", 256, "whole")]
+SK_CASES = [("split", 128, "staged"), ("split", 128, "direct"), ("block", 128, "staged"), ("fast", 256, "whole"),
+            ("fast", 256, "staged")]
 
 
 @pytest.mark.gpu
