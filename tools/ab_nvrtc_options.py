@@ -6,7 +6,7 @@ call compiles (or loads from the disk cache, whose key covers the options) that 
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
 the benchmark's three shapes, with current scaling too, the current-scaling quantize at the same shapes,
 the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
-at the three shapes, the plain LayerNorm forward at 32768 x 4096 and 131072 x 1024 and the plain
+at the three shapes, the plain LayerNorm forward at 32768 x 4096, 131072 x 1024 and 16384 x 8192 and the plain
 RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others'
 defines), bf16 inputs as the benchmark's, AB_ROUNDS (3) interleaved rounds, each op as a fraction of a
 copy timed in the same round; checks that every variant's output bytes equal the shipped build's.
@@ -20,6 +20,8 @@ Writes JSON to argv[1].
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
+    AB_OPTIONS="-DFK_NORM_FWD_PREFETCH_DIST=396;-DFK_NORM_FWD_PREFETCH_DIST=528" AB_OPS=norm_fwd AB_PEERS=1 ...
+        (the plain norm forwards asking the L2 for a later block's rows)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -81,7 +83,9 @@ def cases():
                     lambda xn=xn, w=w, b=b, s8=s8: fk.layer_norm(xn, w, b, fp8_fmt="e4m3", fp8_scale=s8)))
         out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N,
                     lambda xn=xn, w=w, s8=s8: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
-    for M, N in (FP8_SHAPES[0], (131072, 1024)):  # the plain forward (131072 x 1024: issue 2's closest shape)
+    # the plain forward (131072 x 1024: issue 2's closest shape; 16384 x 8192: its one LayerNorm row below
+    # 0.93, for FK_NORM_FWD_PREFETCH_DIST)
+    for M, N in (FP8_SHAPES[0], (131072, 1024), (16384, 8192)):
         xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w, b=b: fk.layer_norm(xn, w, b)))
     for M, N in ((131072, 1024), (16384, 8192), (8192, 16384)):  # RMSNorm: at or below torch.compile (214136Z)
