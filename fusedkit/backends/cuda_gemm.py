@@ -12,13 +12,15 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
     BN = 128 (6 stages): three fp32 accumulator sets per thread leave no room for BN = 256.
   * CLUSTER = 1: two-CTA clusters sharing B by TMA multicast are built and tested but ran slower at
     every issue-5 shape on the H200 (benchmarks/results/sweep_gemm_2026-12-03T0814Z.json).
-  * STORE = direct (each thread stores its column pairs). The staged stores (bf16 / FP8 outputs through
-    shared memory and TMA tensor stores that drain under the next tile's main loop; "staged" in rounds
-    of 16 KB per warpgroup, "whole" the 64 x BN slab at once with one stage fewer at BN = 256) are built
-    and tested, not yet measured on the H200: tools/sweep_gemm.py times them against direct stores.
-  * SCHED = data-parallel. The stream-K tail ("sk": the last one to two waves' K blocks split evenly
-    over the grid, a tile's two halves joined through global memory; ``sched``) is built and tested,
-    not yet measured: TABLE_SCHED keeps "dp" until tools/sweep_gemm.py has timed it.
+  * STORE (TABLE_STORE): bf16 / FP8 outputs through shared memory and TMA tensor stores that drain
+    under the next tile's main loop ("staged": rounds of 16 KB per warpgroup, split and block scaling;
+    "whole": the 64 x BN slab at once with one stage fewer at BN = 256, fast accumulation); fp32 outputs
+    and the other choices store column pairs per thread ("direct").
+  * SCHED = data-parallel (TABLE_SCHED). The stream-K tail ("sk": the last one to two waves' K blocks
+    split evenly over the grid, a tile's two halves joined through global memory; ``sched``) is built
+    and tested; in the H200 sweep of 2026-12-05 10:11Z it gained 1-3 % with fast accumulation and lost
+    7-11 % with split accumulation, a loss traced to its walker (cuda/fp8_gemm_sm90.cu, GemmWalk) and
+    fixed since, not yet re-measured.
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
