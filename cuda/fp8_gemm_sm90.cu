@@ -7,7 +7,7 @@
 //     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
 //     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
 //     along N, so the CTAs running at one time share A rows and B rows in L2. SCHED = GEMM_SCHED_STREAMK
-//     (not yet measured; the table keeps the data-parallel walk): the last one to two waves' K blocks are
+//     (the table keeps the data-parallel walk; see GemmWalk): the last one to two waves' K blocks are
 //     split evenly over the grid instead, a tile cut between two CTAs joined through global memory
 //     (gemm_sk_share).
 //   * Warp specialisation, 384 threads = 3 warpgroups. Warpgroup 0 is the producer: it gives registers
@@ -458,7 +458,7 @@ __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles
   tn = r / rows;
 }
 
-// Stream-K tail (SCHED = GEMM_SCHED_STREAMK; written 2026-12-05 without a device, not yet measured).
+// Stream-K tail (SCHED = GEMM_SCHED_STREAMK; measured once, before the GemmWalk fix below).
 // With 128 x 128 tiles the issue-5 shapes end in a last wave of 4-8 tiles on 132 SMs (4096 tiles: 31.03
 // waves), up to 3 % of the run. The first dp_tiles tiles are walked as in the data-parallel schedule;
 // the K blocks of the R remaining tiles (the host makes G < R < 2 G or R = 0, G the grid) are flattened

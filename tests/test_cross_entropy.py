@@ -567,7 +567,7 @@ def test_persistent_rule(monkeypatch):
     """A TUNED_PERSISTENT entry is taken only where the kernel can run (clusters, 16-byte vectors); its
     candidates cover their rows and are among the compile-all check's instantiations."""
     from fusedkit.backends import cuda_cross_entropy as ce
-    assert ce.fwd_config(262144, 2)[0] == "staged"  # nothing tuned yet
+    assert ce.fwd_config(262144, 2)[0] == "staged"  # tuned to the staged kernel there
     monkeypatch.setitem(ce.TUNED_PERSISTENT, (262144, 2), (8, 16, 8))
     assert ce.fwd_config(262144, 2) == ("persistent", 8, 8, 16, 8)
     assert ce.fwd_config(262144, 2, max_vec=4)[0] != "persistent"

@@ -143,8 +143,9 @@ for (M, N, K) in [] if os.environ.get("FK_STORES") == "none" else (
 # are joined through global memory (partials, flags); FP8 bytes equal the same walk's fp32 output cast
 sms = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
 for mode, bn, store in ([] if os.environ.get("FK_STORES") == "none" else
-                        [("split", 128, "staged"), ("block", 128, "staged"), ("fast", 256, "whole")]):
-    M, N, K = 128 * (sms // 16 + 1) - 40, 16 * bn - 16, 256 - 16
+                        [("split", 128, "staged"), ("block", 128, "staged"), ("fast", 256, "whole"),
+                         ("fast", 256, "staged")]):
+    M, N, K = 128 * (sms // 16 + 1) - 48, 16 * bn - 16, 256 - 16   # M, N, K: multiples of 16
     (ha, hb), (da, db) = operands(M, N, K, "e4m3", "e4m3", mode == "block")
     kw = dict(use_split_accumulator=mode != "fast")
     with cuda_gemm.forced_tiles(**{mode: (bn, 1, store, "sk")}):

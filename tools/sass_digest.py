@@ -14,8 +14,9 @@ cubin bytes are not compared; the instructions are. --save writes each file's SA
 --against DIR compares kernel by kernel with a --save of an earlier build: per function, label names,
 the file-wide numbering of internal helper routines and whitespace aside, matched by mangled name
 without the parameter list (so added kernel parameters do not hide a match); --default-arg V also
-matches a kernel whose last template argument V was added with that default value. Prints same / changed / only-before / only-after counts and the changed names; exits 1 when
-an earlier kernel changed or disappeared.
+matches a kernel whose last template argument V was added with that default value. Prints same /
+changed / only-before / only-after counts and the changed names; exits 1 when an earlier kernel changed
+or disappeared.
 """
 import argparse
 import glob

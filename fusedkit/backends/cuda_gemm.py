@@ -80,9 +80,10 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 # split cuBLASLt, ahead at all five shapes.
 TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 # The tile walk per mode: "dp" (data-parallel, the tiles dealt round-robin to the persistent grid) or
-# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). Written without a
-# device on 2026-12-05: at the issue-5 shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03
-# waves), up to 3 % of the time; "dp" until measured.
+# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). At the issue-5
+# shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03 waves), up to 3 % of the time. H200
+# sweep 1011Z: fast +1-3 %, split -7-11 % (its walker's loop left the uniform datapath; fixed since, not
+# re-measured): "dp" everywhere until the next sweep.
 TABLE_SCHED = {"fast": "dp", "split": "dp", "block": "dp"}
 SCHEDS = {"dp": 0, "sk": 1}
 

@@ -66,7 +66,7 @@ def _exp_into(x, scale, shift, e):
         d = d if not d > _EXP_HI else _EXP_HI
         e[j] = d * _LOG2E + _SHIFTER
     c = _INV_FACT
-    for j in range(n):
+    for j in range(n):  # d again (a multiply and two selects: cheaper than a second float64 buffer)
         t = e[j]
         kb = eb[j] - _SHIFTER_BITS
         k = t - _SHIFTER
