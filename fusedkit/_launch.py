@@ -102,6 +102,28 @@ def stream_ptr(stream) -> int:
     return stream.ptr if hasattr(stream, "ptr") else int(stream)
 
 
+class _StreamHandle:
+    """A raw stream pointer behind the CUDA stream protocol (``__cuda_stream__``, version 0)."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def cupy_stream(ptr: int):
+    """A CuPy stream object for a raw stream pointer that CuPy does not own (torch's current stream),
+    for ``with`` blocks around CuPy allocations and math: ``Stream.from_external`` (CuPy 14+;
+    ``ExternalStream`` is deprecated there and warns on every construction), else ``ExternalStream``."""
+    import cupy
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(int(ptr)))
+    return cupy.cuda.ExternalStream(int(ptr))
+
+
 # ----------------------------------------------------------------------------------------------------
 # Cluster launches: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, through ctypes (CuPy
 # does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is 72 bytes (id, 4 bytes of

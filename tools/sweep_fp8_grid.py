@@ -24,6 +24,7 @@ import sys
 import torch
 
 import fusedkit as fk
+from fusedkit._launch import cupy_stream
 from fusedkit.backends import cuda_norms
 from fusedkit.bench import (FP8_SHAPES, GpuTimer, copy_gbps, norm_fp8_inputs, precompile, run_meta,
                             sweep_configs)
@@ -57,7 +58,7 @@ def sweep_configs_main(out_path, timer, copy):
     precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N)
                                  for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
     import cupy
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
     results = []
     for M, N in FP8_SHAPES:
         x, w, b, scale = norm_fp8_inputs(torch, M, N, torch.bfloat16)

@@ -14,6 +14,7 @@ import sys
 import torch
 
 from fusedkit import _jit
+from fusedkit._launch import cupy_stream
 from fusedkit.backends import cuda_norms as cn
 from fusedkit.bench import GpuTimer, copy_gbps, precompile as bench_precompile, run_meta
 
@@ -119,7 +120,7 @@ def main(out_path):
     import cupy
     timer = GpuTimer(torch)
     copy = copy_gbps(torch, timer)
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
     results = []
     directions = os.environ.get("SWEEP_DIRS", "fwd,bwd").split(",")
     precompile(directions)

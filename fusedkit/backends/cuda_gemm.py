@@ -31,6 +31,7 @@ import ctypes
 from functools import lru_cache
 
 from .. import _jit
+from .._launch import cupy_stream
 from ._common import sm_count
 
 FILE = "fp8_gemm_sm90.cu"
@@ -381,7 +382,7 @@ def _sk_workspace(device: int, stream: int, grid: int, bn: int):
     ws = _sk_spaces.get(key)
     part_floats = grid * 2 * (bn // 2) * 128
     if ws is None or ws["part"].size < part_floats or ws["flag"].size < 2 * grid:
-        with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream):  # zeroed in order before the launch
+        with cupy.cuda.Device(device), cupy_stream(stream):  # zeroed in order before the launch
             ws = _sk_spaces[key] = {"part": cupy.empty(part_floats, cupy.float32),
                                     "flag": cupy.zeros(2 * grid, cupy.int32), "epoch": 0}
     ws["epoch"] = ws["epoch"] % (2**31 - 1) + 1

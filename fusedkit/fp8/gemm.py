@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtypes, _interop
+from .._launch import cupy_stream
 from ..reference import gemm as _ref
 from .formats import as_format
 from .tensor import FP8Tensor
@@ -323,7 +324,7 @@ def _fallback(a, b, kind, mode, out_kind, activation, bias, out_scale, accumulat
     import cupy
     dev = _interop.view(a.data, kind, "a.data").device
     stream = _interop.stream(kind, dev)
-    ctx = cupy.cuda.ExternalStream(stream) if kind == _interop.TORCH else contextlib.nullcontext()
+    ctx = cupy_stream(stream) if kind == _interop.TORCH else contextlib.nullcontext()
     with cupy.cuda.Device(dev), ctx:
         v = _dequant_cupy(a, kind, dev) @ _dequant_cupy(b, kind, dev).T
         if accumulate_into is not None:
