@@ -239,8 +239,15 @@ def test_registry_entry():
     built = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.VARIANTS
              for out in cuda_gemm.variant_outputs(bn, store)}
     sk = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.SK_VARIANTS
-          for out in cuda_gemm.variant_outputs(bn, store)}   # stream-K: E4M3 x E4M3 only
-    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built) + len(sk)
+          for out in cuda_gemm.variant_outputs(bn, store)}   # the stream-K variants (E4M3 x E4M3)
+    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built) + len(sk_exprs := cuda_gemm.sk_expressions())
+    assert len(sk_exprs) >= len(sk) and all(e.endswith(", 1>") for e in sk_exprs)
+    # every launch the table walks stream-K has its kernel registered (format pairs and outputs)
+    for mode in (m for m, walk in cuda_gemm.TABLE_SCHED.items() if walk == "sk"):
+        for fa, fb in cuda_gemm.PAIRS:
+            for out in cuda_gemm.OUT_CXX:
+                bn, stages, cluster, store = cuda_gemm.config(8192, 8192, mode, out=out)
+                assert cuda_gemm.expr(fa, fb, bn, mode, out, stages, cluster, store, "sk") in sk_exprs
     assert {o for *_, o in built} == set(cuda_gemm.OUT_CXX)
     assert ("fast", 256, 1, "whole", "bfloat16") in built and ("fast", 256, 1, "whole", "e4m3") not in built
     assert not any(store != "direct" and out == "float32" for *_, store, out in built)

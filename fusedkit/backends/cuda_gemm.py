@@ -85,7 +85,14 @@ TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 # shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03 waves), up to 3 % of the time. H200
 # sweep 1011Z: fast +1-3 %, split -7-11 % (its walker's loop left the uniform datapath; fixed since, not
 # re-measured): "dp" everywhere until the next sweep.
-TABLE_SCHED = {"fast": "dp", "split": "dp", "block": "dp"}
+TABLE_SCHED = {"fast": "dp", "split": "sk", "block": "dp"}
+# The table's stream-K applies only where the last wave is at most this full (a tail worth splitting).
+# H100 sweeps 2026-12-05 12:11Z-12:27Z (six runs, median ratio to cuBLASLt, split accumulation, staged
+# bf16 stores): 8192^3 0.895 -> 0.978, 16384 x 14336 x 4096 0.823 -> 0.925, 16384 x 4096 x 14336 0.797
+# -> 0.854, 16384 x 8192 x 8192 0.824 -> 0.975 (4096 tiles: 31.03 waves of 132); 4096^3 (1024 tiles:
+# 7.76 waves) 1.004 -> 0.913, so a fuller tail stays data-parallel. Fast accumulation and block scaling
+# lost or tied (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
+SK_MAX_TAIL_FILL = 0.5
 SCHEDS = {"dp": 0, "sk": 1}
 
 _forced: dict | None = None  # {mode: (BN, CLUSTER[, STORE[, SCHED]])} while forced_tiles() is active
@@ -118,13 +125,17 @@ def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> 
     return bn, stages_for(bn, out, store), cluster, store
 
 
-def sched(mode: str, cluster: int) -> str:
-    """The tile walk of a launch: TABLE_SCHED (or the forced one); stream-K needs CLUSTER = 1."""
+def sched(mode: str, cluster: int, units: int | None = None, grid: int | None = None) -> str:
+    """The tile walk of a launch: TABLE_SCHED (or the forced one); stream-K needs CLUSTER = 1. Given the
+    launch's units and grid, the table's stream-K applies only where the last wave is at most
+    SK_MAX_TAIL_FILL full (a forced one wherever sk_split finds a tail)."""
     if _forced is not None:
         rest = _forced[mode][2:]
         want = rest[1] if len(rest) > 1 else "dp"
     else:
         want = TABLE_SCHED[mode]
+        if want == "sk" and units is not None and units % grid > SK_MAX_TAIL_FILL * grid:
+            want = "dp"
     return want if cluster == 1 else "dp"
 
 
@@ -198,9 +209,17 @@ SK_VARIANTS = (("fast", 256, 1, "whole"), ("fast", 256, 1, "staged"), ("split", 
 
 
 def sk_expressions() -> list:
-    """The stream-K instantiations (SK_VARIANTS for every output type they are built for)."""
-    return [expr("e4m3", "e4m3", bn, mode, out, stages_for(bn, out, store), cluster, store, "sk")
-            for mode, bn, cluster, store in SK_VARIANTS for out in variant_outputs(bn, store)]
+    """The stream-K instantiations: SK_VARIANTS (E4M3 x E4M3) for every output type they are built for,
+    and the table's tiles of every mode TABLE_SCHED walks stream-K, for every format pair and output."""
+    exprs = [expr("e4m3", "e4m3", bn, mode, out, stages_for(bn, out, store), cluster, store, "sk")
+             for mode, bn, cluster, store in SK_VARIANTS for out in variant_outputs(bn, store)]
+    for mode in (m for m, walk in TABLE_SCHED.items() if walk == "sk"):
+        bn = 256 if mode == "fast" else 128
+        for fa, fb in PAIRS:
+            for out in OUT_CXX:
+                store = _built_store(bn, out, TABLE_STORE[mode])
+                exprs.append(expr(fa, fb, bn, mode, out, stages_for(bn, out, store), 1, store, "sk"))
+    return list(dict.fromkeys(exprs))
 
 
 def all_expressions():
@@ -341,8 +360,8 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     bn, stages, cluster, store = config(M, N, mode, sm_count(device), out_kind)
     smem = smem_bytes(bn, stages, out_kind, store)
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
-    walk = sched(mode, cluster)
     grid = max(1, min(units, sm_count(device)))
+    walk = sched(mode, cluster, units, grid)
     dp_tiles = sk_split(units, grid) if walk == "sk" else units
     if dp_tiles == units:
         walk = "dp"
