@@ -16,11 +16,10 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
     under the next tile's main loop ("staged": rounds of 16 KB per warpgroup, split and block scaling;
     "whole": the 64 x BN slab at once with one stage fewer at BN = 256, fast accumulation); fp32 outputs
     and the other choices store column pairs per thread ("direct").
-  * SCHED = data-parallel (TABLE_SCHED). The stream-K tail ("sk": the last one to two waves' K blocks
-    split evenly over the grid, a tile's two halves joined through global memory; ``sched``) is built
-    and tested; in the H200 sweep of 2026-12-05 10:11Z it gained 1-3 % with fast accumulation and lost
-    7-11 % with split accumulation, a loss traced to its walker (cuda/fp8_gemm_sm90.cu, GemmWalk) and
-    fixed since, not yet re-measured.
+  * SCHED (TABLE_SCHED): data-parallel, except split accumulation with a last wave at most half full:
+    its last one to two waves' K blocks split evenly over the grid ("sk", stream-K; a tile's two halves
+    joined through global memory; ``sched``). H100 sweeps 2026-12-05: +6-18 % at the issue-5 shapes of
+    31.03 waves, -9 % at 4096^3 (7.76 waves); fast accumulation and block scaling tied or lost.
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
@@ -82,16 +81,17 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 # The tile walk per mode: "dp" (data-parallel, the tiles dealt round-robin to the persistent grid) or
 # "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). At the issue-5
-# shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03 waves), up to 3 % of the time. H200
-# sweep 1011Z: fast +1-3 %, split -7-11 % (its walker's loop left the uniform datapath; fixed since, not
-# re-measured): "dp" everywhere until the next sweep.
+# shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03 waves). H200 sweep 1011Z: fast +1-3 %,
+# split -7-11 % (its walker's loop had left the uniform datapath; fixed in GemmWalk since).
 TABLE_SCHED = {"fast": "dp", "split": "sk", "block": "dp"}
 # The table's stream-K applies only where the last wave is at most this full (a tail worth splitting).
 # H100 sweeps 2026-12-05 12:11Z-12:27Z (six runs, median ratio to cuBLASLt, split accumulation, staged
 # bf16 stores): 8192^3 0.895 -> 0.978, 16384 x 14336 x 4096 0.823 -> 0.925, 16384 x 4096 x 14336 0.797
 # -> 0.854, 16384 x 8192 x 8192 0.824 -> 0.975 (4096 tiles: 31.03 waves of 132); 4096^3 (1024 tiles:
-# 7.76 waves) 1.004 -> 0.913, so a fuller tail stays data-parallel. Fast accumulation and block scaling
-# lost or tied (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
+# 7.76 waves) 1.004 -> 0.913, so a fuller tail stays data-parallel; the fused bias + GeLU + E4M3 epilogue
+# tied (medians 0.80-0.89 of plain cuBLASLt either way). Fast accumulation and block scaling lost or tied
+# (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
+# benchmarks/results/sweep_gemm_stream_k_H100_2026-12-05T1227Z.json; not yet confirmed on the H200.
 SK_MAX_TAIL_FILL = 0.5
 SCHEDS = {"dp": 0, "sk": 1}
 
