@@ -270,16 +270,6 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
                                                               zero_centered);
 }
 
-// Experiment (0 = off, shipped): FK_NORM_FWD_PREFETCH_DIST = D asks the L2, from each block of the plain
-// forward, for the row group D groups ahead (prefetch_row_group_l2, common/bulk.cuh): with D about the
-// resident blocks (132 SMs x 3 for LayerNorm at 8192) it is the group of the block that starts when this
-// one ends, whose loads then wait for L2 rather than DRAM. The LayerNorm -> FP8 kernel gained 4-9 % from
-// its own next-group prefetch (A/B 2110Z); the plain LayerNorm forward reads 0.90 of copy at 16384 x 8192
-// with 3 resident blocks of 256 threads (79 registers; capped at 64 it spills).
-#ifndef FK_NORM_FWD_PREFETCH_DIST
-#define FK_NORM_FWD_PREFETCH_DIST 0
-#endif
-
 // One group of RPB rows per block, non-persistent grid, plain loads: the load latency is hidden by the
 // many resident blocks (one register buffer each) rather than by a prefetch inside a block. MIN_BLOCKS:
 // the resident blocks per SM asked of ptxas (a tuned config's fifth field; swept: LayerNorm 16384 reads
@@ -292,10 +282,6 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
                 float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N, float eps,
                 int zero_centered) {
   const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
-  if constexpr (FK_NORM_FWD_PREFETCH_DIST > 0) {
-    if (threadIdx.x == 0 && threadIdx.y == 0)
-      prefetch_row_group_l2<T, RowsPerBlock<WARPS>::value>(x, residual, M, N, FK_NORM_FWD_PREFETCH_DIST);
-  }
   Vec<T, VEC> a[ITEMS];
   load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
   typename PlainOut<O>::State st;

@@ -506,25 +506,12 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
 #define FK_SOFTMAX_FULL 0
 #endif
 
-// Experiment (0 = off, shipped): FK_SOFTMAX_FWD_PREFETCH_DIST = D asks the L2, from each block of the
-// register forward, for the row group D groups ahead (prefetch_row_group_l2, common/bulk.cuh): the rows
-// of the block that starts when this one ends, with D about the resident blocks. The forward at 16384 x
-// 8192 reads 0.94 of copy against Liger's 0.96 (run 165352Z).
-#ifndef FK_SOFTMAX_FWD_PREFETCH_DIST
-#define FK_SOFTMAX_FWD_PREFETCH_DIST 0
-#endif
-
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, bool FULL = false>
 __global__ void __launch_bounds__(32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value,
                                   SoftmaxMinBlocks<32 * WARPS * SoftmaxRowsPerBlock<WARPS>::value>::value)
 softmax_fwd(FK_SOFTMAX_FWD_PARAMS) {
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = (long long)blockIdx.x * SoftmaxRowsPerBlock<WARPS>::value + threadIdx.y;
-  if constexpr (FK_SOFTMAX_FWD_PREFETCH_DIST > 0) {
-    if (threadIdx.x == 0 && threadIdx.y == 0)
-      prefetch_row_group_l2<T, SoftmaxRowsPerBlock<WARPS>::value>(x, (const T*)nullptr, M, N,
-                                                                  FK_SOFTMAX_FWD_PREFETCH_DIST);
-  }
   softmax_fwd_row<T, O, VEC, ITEMS, WARPS, 1, LOG, MASKING, FULL && FK_SOFTMAX_FULL != 0>(
       x, y, mp, row, row < M, N, scale, 0, N / VEC, nullptr);
 }

@@ -20,8 +20,6 @@ Writes JSON to argv[1].
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
-    AB_OPTIONS="-DFK_NORM_FWD_PREFETCH_DIST=396;-DFK_NORM_FWD_PREFETCH_DIST=528" AB_OPS=norm_fwd AB_PEERS=1 ...
-        (the plain norm forwards asking the L2 for a later block's rows)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -84,7 +82,7 @@ def cases():
         out.append((f"rms_norm_fp8_fwd {M}x{N}", 3 * M * N,
                     lambda xn=xn, w=w, s8=s8: fk.rms_norm(xn, w, fp8_fmt="e4m3", fp8_scale=s8)))
     # the plain forward (131072 x 1024: issue 2's closest shape; 16384 x 8192: its one LayerNorm row below
-    # 0.93, for FK_NORM_FWD_PREFETCH_DIST)
+    # 0.93 on the H200)
     for M, N in (FP8_SHAPES[0], (131072, 1024), (16384, 8192)):
         xn, w, b, _ = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fwd {M}x{N}", 4 * M * N, lambda xn=xn, w=w, b=b: fk.layer_norm(xn, w, b)))

@@ -45,20 +45,6 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src_gmem, unsigned 
 #endif
 }
 
-// Asks the L2 (one thread calls it) for the group of RPB rows `dist` groups after this block's (block
-// b reads rows [b RPB, (b + 1) RPB)): rows of N elements of T at x, and at x2 unless null; nothing when
-// a row is not a 16-byte multiple, a pointer not 16-byte aligned, or the group past the last row. For a
-// non-persistent grid with `dist` about its resident blocks, that is the group of the block that starts
-// when this one ends (experiments: FK_NORM_FWD_PREFETCH_DIST, FK_SOFTMAX_FWD_PREFETCH_DIST).
-template <typename T, int RPB>
-__device__ __forceinline__ void prefetch_row_group_l2(const T* x, const T* x2, long long M, int N, long long dist) {
-  const long long r0 = ((long long)blockIdx.x + dist) * RPB;
-  if (r0 >= M || (((unsigned long long)N * sizeof(T)) & 15) != 0) return;
-  const unsigned bytes = (unsigned)((M - r0 < RPB ? M - r0 : RPB) * N * (long long)sizeof(T));
-  if ((reinterpret_cast<unsigned long long>(x) & 15) == 0) bulk_prefetch_l2(x + r0 * N, bytes);
-  if (x2 != nullptr && (reinterpret_cast<unsigned long long>(x2) & 15) == 0) bulk_prefetch_l2(x2 + r0 * N, bytes);
-}
-
 struct StageRing {
   unsigned long long* bars;
   int stages;
