@@ -17,6 +17,8 @@ Writes JSON to argv[1].
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
     AB_OPTIONS="-DFK_GEMM_WG_LAG_NS=300" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
+    AB_OPTIONS="-DFK_GEMM_AMAX_ONCE=1" AB_OPS=fp8_gemm_epilogue AB_PEERS=1 AB_NUMERICS=1 ...   (the fused
+        bias + GeLU + E4M3 epilogue, cuBLASLt + torch.compile's epilogue beside it)
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
@@ -95,10 +97,11 @@ def cases():
             fn = impls_of(_softmax_impls, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
             out.append((f"softmax_fwd {M}x{N}", 4 * M * N, fn))
     # the FP8 GEMM (bf16 output; "bytes" here are 2MNK / 1000, so "of copy" only compares variants and
-    # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes, fast as a
-    # control for split-only defines
+    # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes and the
+    # fused epilogue's two shapes below 1.2x (8192^3, 16384 x 14336 x 4096), fast as a control for
+    # split-only defines
     if any("gemm" in s for s in only):
-        for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336)):
+        for M, K, N in ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)):
             ops = ("fp8_gemm", "fp8_gemm_block", "fp8_gemm_epilogue") + (
                 ("fp8_gemm_fast",) if (M, K, N) == (4096, 4096, 4096) else ())
             for op in ops:
