@@ -240,7 +240,8 @@ def test_registry_entry():
              for out in cuda_gemm.variant_outputs(bn, store)}
     sk = {(mode, bn, cluster, store, out) for mode, bn, cluster, store in cuda_gemm.SK_VARIANTS
           for out in cuda_gemm.variant_outputs(bn, store)}   # the stream-K variants (E4M3 x E4M3)
-    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built) + len(sk_exprs := cuda_gemm.sk_expressions())
+    sk_exprs = cuda_gemm.sk_expressions()
+    assert len(exprs) == len(set(exprs)) == len(cuda_gemm.PAIRS) * len(built) + len(sk_exprs)
     assert len(sk_exprs) >= len(sk) and all(e.endswith(", 1>") for e in sk_exprs)
     # every launch the table walks stream-K has its kernel registered (format pairs and outputs)
     for mode in (m for m, walk in cuda_gemm.TABLE_SCHED.items() if walk == "sk"):
