@@ -30,8 +30,14 @@ MAX_WARPS_BWD = 16  # 512 threads keep 128 registers per thread
 # register fallback: sweep_*1406Z.json; forward: sweep_*1631Z.json). Other shapes use the rule in _rows_config.
 # A third value is the plain forward's min_blocks (resident blocks asked of ptxas; A/B of run 1617Z:
 # LayerNorm 16384 0.906 -> 0.938 of copy at 3 blocks, RMSNorm 16384 0.956 -> 0.943, the others equal).
+# A hint also keeps the kernel general (no FULL, see fwd_expr). LayerNorm 8192 needs that: FULL (commit
+# 7739dce, A/B'd at 1024 only) hoists the weight and bias loads and takes 79 registers (3 blocks of 256
+# threads per SM) against 48 (5 blocks); the H200 benchmark of LayerNorm 16384 x 8192 fell from
+# 0.930-0.934 of copy (every run of 12-03 and 12-04 up to afde242) to 0.903 with it, while 1024 and 4096
+# gained 2 % (0.945 -> 0.966, 0.933 -> 0.952, runs 191717Z / 212618Z). (4, 8, 4) is that general kernel
+# again, instruction for instruction (tools/sass_digest.py's per-kernel comparison).
 TUNED: dict = {
-    ("ln", 1024, 2, "fwd"): (4, 1), ("ln", 4096, 2, "fwd"): (4, 4), ("ln", 8192, 2, "fwd"): (4, 8),
+    ("ln", 1024, 2, "fwd"): (4, 1), ("ln", 4096, 2, "fwd"): (4, 4), ("ln", 8192, 2, "fwd"): (4, 8, 4),
     ("ln", 16384, 2, "fwd"): (4, 16, 3),
     ("rms", 1024, 2, "fwd"): (2, 2), ("rms", 4096, 2, "fwd"): (2, 8), ("rms", 8192, 2, "fwd"): (4, 8),
     ("rms", 16384, 2, "fwd"): (4, 16),
