@@ -73,7 +73,8 @@ def candidates(N, direction, rms):
             if direction == "fwd":
                 out.append(("rows", vec, items, warps))
                 threads = 32 * warps * cn.rows_per_block(warps)
-                for mb in sorted({t // threads for t in (1536, 2048)} - {0, 1}):  # occupancy hints
+                # occupancy hints (a hinted kernel is the general one, without FULL: cuda_norms.fwd_expr)
+                for mb in sorted({t // threads for t in (1024, 1536, 2048)} - {0, 1}):
                     out.append(("rows", vec, items, warps, mb))
             elif items <= 4:
                 if BWD_ROWS and warps <= 16:
