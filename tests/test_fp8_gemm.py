@@ -584,6 +584,46 @@ def test_gpu_stream_k_tail(mode, bn, store, waves):
     assert rel_err(y.view(fk._dtypes.numpy_dtype("bfloat16")).astype(np.float32), want) < 1e-2
 
 
+@pytest.mark.gpu
+def test_gpu_table_stream_k_and_graph_capture():
+    """Split accumulation at a shape whose last wave is nearly empty walks stream-K by the tile table
+    (TABLE_SCHED, SK_MAX_TAIL_FILL); under torch.cuda.graph capture the same call walks data-parallel
+    (stream-K's workspace is allocated outside graphs), so the replayed graph gives exactly the bits of
+    the forced data-parallel walk, and stream-K agrees with both to one extra rounding."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    from fusedkit.backends import cuda_gemm
+    from fusedkit.backends._common import sm_count
+    sms = sm_count(cupy.cuda.Device().id)
+    n_tiles = 8
+    m_tiles = -(-(2 * sms + 8) // n_tiles)            # two full waves and a tail of a few tiles
+    units = m_tiles * n_tiles
+    if units % sms > cuda_gemm.SK_MAX_TAIL_FILL * sms or units % sms == 0:
+        pytest.skip(f"{units} tiles on {sms} SMs: no short tail")
+    assert cuda_gemm.sched("split", 1, units, sms) == "sk"
+    M, N, K = 128 * m_tiles - 48, 128 * n_tiles - 16, 9 * 128 - 16
+    rng = rng_for("sk_table_graph")
+    a, b = host_operands(rng, M, N, K)
+    ad, bd = to_dev(a, "torch"), to_dev(b, "torch")
+    kw = dict(out_dtype="float32", use_split_accumulator=True)
+    eager = to_numpy(fk.fp8_gemm(ad, bd, **kw))       # the table: stream-K
+    with cuda_gemm.forced_tiles(split=(128, 1, "staged", "dp")):
+        dp = to_numpy(fk.fp8_gemm(ad, bd, **kw))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                      # warm-up off the default stream, as torch asks
+        fk.fp8_gemm(ad, bd, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fk.fp8_gemm(ad, bd, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(to_numpy(captured), dp)
+    assert rel_err(eager, dp) < 1e-5
+    assert rel_err(eager, ref.fp8_gemm(a, b, out_dtype="float32")) < _tol("split")
+
+
 @pytest.mark.parametrize("backend", GPU)
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scaling", ["split", "fast", "block"])

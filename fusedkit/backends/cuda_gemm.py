@@ -363,8 +363,8 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     grid = max(1, min(units, sm_count(device)))
     walk = sched(mode, cluster, units, grid)
     dp_tiles = sk_split(units, grid) if walk == "sk" else units
-    if dp_tiles == units:
-        walk = "dp"
+    if dp_tiles == units or _capturing(stream):  # stream-K's workspace is allocated outside graphs
+        walk, dp_tiles = "dp", units
     k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, walk), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
@@ -386,6 +386,15 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
         launch, resident = _cluster_launch(k, cluster, smem)
         grid = cluster * max(1, min(units, resident))
         launch.launch(grid, 1, (THREADS, 1, 1), smem, stream, ctypes.addressof(args))
+
+
+def _capturing(stream: int) -> bool:
+    """Whether the stream is capturing a CUDA graph (torch.cuda.graph, torch.compile's reduce-overhead
+    mode, CuPy's Stream.begin_capture). Stream-K launches then walk data-parallel: their workspace
+    (_sk_workspace) is a CuPy allocation made on first use, which a capture may forbid, and a graph
+    replayed on two streams at once would share it."""
+    from cupy_backends.cuda.api import runtime
+    return bool(runtime.streamIsCapturing(stream))
 
 
 _sk_spaces: dict = {}
