@@ -155,7 +155,7 @@ struct alignas(64) TmaMap {
 #define FK_GEMM_BLOCK_FFMA 0     // 1: BLOCK promotes with one FFMA per accumulator (fin + acc * s, one
 #endif                           // rounding) instead of FMUL then FADD (gemm_promote)
 #ifndef FK_GEMM_BIAS_PREFETCH
-#define FK_GEMM_BIAS_PREFETCH 0  // 1: a tile's bias values asked into L1 when its K loop starts, so the
+#define FK_GEMM_BIAS_PREFETCH 0  // 1: a tile's bias lines asked into L1 when its K loop starts, so the
 #endif                           // epilogue's bias loads hit L1 (experiment; see gemm_prefetch_bias)
 #ifndef FK_GEMM_AMAX_ONCE
 #define FK_GEMM_AMAX_ONCE 0      // 1: each consumer thread keeps a running amax over its tiles and its warp
@@ -647,8 +647,8 @@ __device__ __forceinline__ void gemm_epilogue_math(float (&x)[BN / 2], const voi
   }
 }
 
-// The bias values of tile column block tn (BN of them, fp32 or bf16: up to four 128-byte lines) asked
-// into L1 by lanes 0-3 of the warp, at the start of the tile's K loop (FK_GEMM_BIAS_PREFETCH). Shipped,
+// The bias values of tile column block tn (BN of them, fp32 or bf16: 2-8 lines of 128 bytes) asked into
+// L1, a line per lane, at the start of the tile's K loop (FK_GEMM_BIAS_PREFETCH). Shipped,
 // the epilogue issues its bias loads only after the K loop, and every consumer warp then waits for an
 // L2 round trip with the tensor cores idle; the main loop's operands arrive by TMA into shared memory,
 // so the lines stay in L1 until the epilogue. Lines past the bias's end are not asked for.
