@@ -7,7 +7,8 @@
 //     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
 //     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
 //     along N, so the CTAs running at one time share A rows and B rows in L2. SCHED = GEMM_SCHED_STREAMK
-//     (the table keeps the data-parallel walk; see GemmWalk): the last one to two waves' K blocks are
+//     (the table's choice for split accumulation where the last wave is at most half full; see GemmWalk
+//     and cuda_gemm.TABLE_SCHED): the last one to two waves' K blocks are
 //     split evenly over the grid instead, a tile cut between two CTAs joined through global memory
 //     (gemm_sk_share).
 //   * Warp specialisation, 384 threads = 3 warpgroups. Warpgroup 0 is the producer: it gives registers
@@ -464,7 +465,8 @@ __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles
   tn = r / rows;
 }
 
-// Stream-K tail (SCHED = GEMM_SCHED_STREAMK; measured once, before the GemmWalk fix below).
+// Stream-K tail (SCHED = GEMM_SCHED_STREAMK; with the GemmWalk below, +6-18 % for split accumulation
+// at the 31.03-wave shapes in H100 sweeps of 2026-12-05).
 // With 128 x 128 tiles the issue-5 shapes end in a last wave of 4-8 tiles on 132 SMs (4096 tiles: 31.03
 // waves), up to 3 % of the run. The first dp_tiles tiles are walked as in the data-parallel schedule;
 // the K blocks of the R remaining tiles (the host makes G < R < 2 G or R = 0, G the grid) are flattened

@@ -18,15 +18,16 @@ PEERS = ("torch_eager", "torch_compile", "liger")
 DEVICE = os.environ.get("README_DEVICE", "H200")
 
 
-def gpu_results():
+def gpu_results(device=None):
     """The reference card's result files (not sweeps, CPU runs, compile-option experiments or other
-    cards), oldest first."""
+    cards; ``device``: a substring of the run's device name, default README_DEVICE), oldest first."""
+    device = DEVICE if device is None else device
     out = []
     for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json")):
         if os.path.basename(f).startswith(("sweep_", "ab_", "cpu")):
             continue
         res = json.load(open(f))
-        if "experiment" in res or "rows" not in res or DEVICE not in res.get("device", ""):
+        if "experiment" in res or "rows" not in res or device not in res.get("device", ""):
             continue
         out.append((res["date"], f, res))
     return sorted(out, key=lambda t: t[0])

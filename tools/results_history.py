@@ -2,10 +2,11 @@
 date, by more than a margin. It finds regressions that no single run shows (the LayerNorm forward at
 16384 x 8192 fell from 0.930 to 0.903 of copy with one commit and stayed there for six runs).
 
-    python3 tools/results_history.py [--device NVIDIA-H200] [--since 2026-12-03] [--margin 0.02]
+    python3 tools/results_history.py [--device H200] [--since 2026-12-03] [--margin 0.02]
                                      [--op layer_norm_fwd --shape 16384x8192]
 
-Reads benchmarks/results/<device>_<date>.json (runs with an NVRTC experiment in place are left out),
+Reads the committed runs of the device as tools/readme_table.py does (no sweeps, A/B files or runs with
+an NVRTC experiment in place),
 takes fusedkit's fraction of copy (GB/s over the copy timed in the same run) for bandwidth-bound rows
 and its speedup over cuBLASLt for the GEMM rows, and prints each flagged row with the run and commit of
 its best and newest value. With --op (and --shape) it prints that row's whole history instead. One
@@ -13,25 +14,18 @@ run's value is one timing: the benchmark machine is noisy, so a flag is a lead t
 not a verdict (the FP8 norm rows swing 10-25 % between runs of one commit).
 """
 import argparse
-import glob
-import json
 import os
+import sys
 from collections import defaultdict
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "results")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from readme_table import gpu_results  # noqa: E402  (the committed runs, as the README table reads them)
 
 
 def runs(device: str):
     """(run tag, commit, {(op, shape): value}) per committed run of the device, oldest first."""
     out = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, f"{device}_*.json"))):
-        try:
-            with open(path) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        if "experiment" in d or not isinstance(d.get("rows"), list):
-            continue
+    for date, path, d in gpu_results(device):
         copy, values, peers = d.get("copy_GBps"), {}, defaultdict(dict)
         for r in d["rows"]:
             key = (r["op"], "x".join(str(v) for v in r["shape"]))
@@ -41,14 +35,13 @@ def runs(device: str):
         for key, ms in peers.items():  # GEMM rows: speedup over cuBLASLt in the same run
             if key[0].startswith("fp8_gemm") and "fusedkit" in ms and "cublaslt" in ms:
                 values[key] = ms["cublaslt"] / ms["fusedkit"]
-        tag = os.path.basename(path)[len(device) + 1:].rsplit(".", 1)[0]
-        out.append((tag, str(d.get("commit", ""))[:7], values))
+        out.append((date[:19], str(d.get("commit", ""))[:7], values))
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="NVIDIA-H200")
+    p.add_argument("--device", default="H200", help="a substring of the runs' device name")
     p.add_argument("--since", default="", help="the best run is taken from runs on or after this date")
     p.add_argument("--margin", type=float, default=0.02)
     p.add_argument("--op")
@@ -56,7 +49,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     history = runs(args.device)
     if not history:
-        print(f"no committed runs of {args.device} under {RESULTS}")
+        print(f"no committed runs of a device named like {args.device!r}")
         return 1
     if args.op:
         for tag, commit, values in history:

@@ -201,9 +201,10 @@ def variant_outputs(bn: int, store: str) -> tuple:
 
 
 # The stream-K variants (E4M3 x E4M3; the table's tiles and stores per mode), built for the compile-all
-# check, the tests and the sweep while TABLE_SCHED does not pick them. Fast accumulation also with staged
-# stores: in the H200 sweep 1011Z stream-K with whole-tile stores beat the data-parallel staged store at
-# 16384 x 14336 x 4096 (1.028x against 1.005x cuBLASLt) but not at 8192^3 (0.897x against 0.916x).
+# check, the tests and the sweep (sk_expressions adds the table's own stream-K kernels). Fast
+# accumulation also with staged stores: in the H200 sweep 1011Z stream-K with whole-tile stores beat the
+# data-parallel staged store at 16384 x 14336 x 4096 (1.028x against 1.005x cuBLASLt) but not at 8192^3
+# (0.897x against 0.916x).
 SK_VARIANTS = (("fast", 256, 1, "whole"), ("fast", 256, 1, "staged"), ("split", 128, 1, "staged"),
                ("block", 128, 1, "staged"), ("split", 128, 1, "direct"))
 
