@@ -174,8 +174,12 @@ if has asv; then
       git init -q && if [ -f .gitbundle/main.bundle ]; then git fetch -q .gitbundle/main.bundle main:main && git symbolic-ref HEAD refs/heads/main && git reset -q;
       else git add -A && git -c user.email=ci@fusedkit -c user.name=ci commit -qm snapshot; fi
     fi
-    cd asv_bench && python3 -m asv machine --yes --machine h200 > "$OUT/asv.log" 2>&1
-    timeout $(left ${ASV_TIMEOUT:-300}) python3 -m asv run --python=same --machine h200 --set-commit-hash=$(git rev-parse HEAD) --show-stderr >> "$OUT/asv.log" 2>&1
+    # one asv machine per card kind, so an H100 run never lands in the H200 history
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+      *H200*) machine=h200 ;; *H100*) machine=h100 ;; *) machine=gpu ;;
+    esac
+    cd asv_bench && python3 -m asv machine --yes --machine $machine > "$OUT/asv.log" 2>&1
+    timeout $(left ${ASV_TIMEOUT:-300}) python3 -m asv run --python=same --machine $machine --set-commit-hash=$(git rev-parse HEAD) --show-stderr >> "$OUT/asv.log" 2>&1
     echo "asv run rc=$?" >> "$OUT/asv.log"; python3 -m asv publish >> "$OUT/asv.log" 2>&1; echo "asv publish rc=$?" >> "$OUT/asv.log"
     tar czf "$OUT/asv_results.tgz" results html 2>/dev/null )
 fi
