@@ -46,8 +46,8 @@
 //     Registers per consumer thread: BN/2 fp32 for the wgmma accumulator, plus 2 x BN/2 (second wgmma
 //     accumulator, promoted sum) in SPLIT / BLOCK: so FAST runs 128 x 256 tiles (128 accumulators;
 //     128 x 128 when 256-wide tiles would leave SMs idle), SPLIT / BLOCK 128 x 128 (3 x 64, within the
-//     consumers' setmaxnreg 232). ptxas (CUDA 13.0, sm_90a): 168 registers at entry (the
-//     __launch_bounds__(384, 1) cap), no spills, for all 48 instantiations.
+//     consumers' setmaxnreg 232). ptxas (CUDA 13.0 and 13.5, sm_90a): 168 registers at entry (the
+//     __launch_bounds__(384, 1) cap), no spills, for all 145 instantiations (.ci/run checks both).
 //   * Epilogue (STORE = GEMM_STORE_DIRECT: registers -> global): thread (warp w of its warpgroup, lane l) holds rows
 //     16 w + l / 4 and + 8 of its warpgroup's 64, columns 8 j + 2 (l % 4) + {0, 1} of every 8-column
 //     group j (the wgmma accumulator layout), so it stores column pairs (8 B fp32, 4 B bf16, 2 B FP8;
@@ -579,6 +579,24 @@ __device__ __forceinline__ float2 gemm_load_pair(const void* base, size_t idx) {
   }
 }
 
+// x += bias[col] for the thread's columns c0 + 8 j, + 1 (bias: N values of fp32 or bf16). Columns past N
+// are computed, never stored: their loads read column N - 2 instead. One pass per bias kind, chosen
+// outside the pass: with both kinds' loads predicated in one pass, ptxas of CUDA 13.0 kept both sets
+// of addresses live and spilled 24 B in the 128 x 256 cluster kernels.
+template <int BN, typename T>
+__device__ __forceinline__ void gemm_add_bias(float (&x)[BN / 2], const T* bias, int c0, int N) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = min(c0 + 8 * j, N - 2);
+    const float b0 = to_float(ldg(bias + col)), b1 = to_float(ldg(bias + col + 1));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      x[4 * j + 2 * h] = __fadd_rn(x[4 * j + 2 * h], b0);
+      x[4 * j + 2 * h + 1] = __fadd_rn(x[4 * j + 2 * h + 1], b1);
+    }
+  }
+}
+
 // The epilogue of one tile, on the thread's finished fp32 accumulators x (wgmma layout: x[4 j + 2 h + e]
 // is row r0 + 8 h, column c0 + 8 j + e): v = act(alpha x + C + bias) in place, then one of the stores
 // below. Each option is a separate pass over all of x, with its run-time test outside the pass: a test
@@ -607,22 +625,8 @@ __device__ __forceinline__ void gemm_epilogue_math(float (&x)[BN / 2], const voi
       }
     }
   }
-  if (bias_kind != GEMM_BIAS_NONE) {
-    const bool f32 = bias_kind == GEMM_BIAS_F32;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = min(c0 + 8 * j, N - 2);        // columns past N are computed, never stored
-      const float b0 = f32 ? __ldg(static_cast<const float*>(bias) + col)
-                           : to_float(ldg(static_cast<const bf16*>(bias) + col));
-      const float b1 = f32 ? __ldg(static_cast<const float*>(bias) + col + 1)
-                           : to_float(ldg(static_cast<const bf16*>(bias) + col + 1));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        x[4 * j + 2 * h] = __fadd_rn(x[4 * j + 2 * h], b0);
-        x[4 * j + 2 * h + 1] = __fadd_rn(x[4 * j + 2 * h + 1], b1);
-      }
-    }
-  }
+  if (bias_kind == GEMM_BIAS_F32) gemm_add_bias<BN>(x, static_cast<const float*>(bias), c0, N);
+  else if (bias_kind == GEMM_BIAS_BF16) gemm_add_bias<BN>(x, static_cast<const bf16*>(bias), c0, N);
   switch (act) {
     case GELU_TANH:
 #pragma unroll

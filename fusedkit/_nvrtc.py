@@ -40,6 +40,21 @@ def _candidates():
     yield "libnvrtc.so"
 
 
+def _preload_builtins(path: str) -> None:
+    """libnvrtc opens its builtins library by name at the first compile: one found beside a libnvrtc
+    given by path (FUSEDKIT_NVRTC, a wheel) is loaded first, so that name resolves without
+    LD_LIBRARY_PATH (an older NVRTC wheel unpacked with ``pip install --target`` works as it is)."""
+    folder = os.path.dirname(path)
+    if not folder:
+        return
+    for f in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so.*"))):
+        if ".alt." not in f:
+            try:
+                ctypes.CDLL(f, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass  # the compile reports a builtins library it cannot open
+
+
 def lib():
     global _lib
     if _lib is not None:
@@ -47,6 +62,7 @@ def lib():
     errors = []
     for cand in _candidates():
         try:
+            _preload_builtins(cand)
             L = ctypes.CDLL(cand)
             L.nvrtcGetErrorString.restype = ctypes.c_char_p
             _lib = L
