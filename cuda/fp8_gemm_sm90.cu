@@ -155,9 +155,6 @@ struct alignas(64) TmaMap {
 #ifndef FK_GEMM_BLOCK_FFMA
 #define FK_GEMM_BLOCK_FFMA 0     // 1: BLOCK promotes with one FFMA per accumulator (fin + acc * s, one
 #endif                           // rounding) instead of FMUL then FADD (gemm_promote)
-#ifndef FK_GEMM_BIAS_PREFETCH
-#define FK_GEMM_BIAS_PREFETCH 0  // 1: a tile's bias lines asked into L1 when its K loop starts, so the
-#endif                           // epilogue's bias loads hit L1 (experiment; see gemm_prefetch_bias)
 #ifndef FK_GEMM_AMAX_ONCE
 #define FK_GEMM_AMAX_ONCE 0      // 1: each consumer thread keeps a running amax over its tiles and its warp
 #endif                           // merges it once at the end, not once per tile (experiment; see gemm_amax)
@@ -653,20 +650,6 @@ __device__ __forceinline__ void gemm_epilogue_math(float (&x)[BN / 2], const voi
   }
 }
 
-// The bias values of tile column block tn (BN of them, fp32 or bf16: 2-8 lines of 128 bytes) asked into
-// L1, a line per lane, at the start of the tile's K loop (FK_GEMM_BIAS_PREFETCH). Shipped,
-// the epilogue issues its bias loads only after the K loop, and every consumer warp then waits for an
-// L2 round trip with the tensor cores idle; the main loop's operands arrive by TMA into shared memory,
-// so the lines stay in L1 until the epilogue. Lines past the bias's end are not asked for.
-template <int BN>
-__device__ __forceinline__ void gemm_prefetch_bias(const void* bias, int bias_kind, int tn, int N, int lane) {
-  if (bias_kind == GEMM_BIAS_NONE) return;
-  const int esz = bias_kind == GEMM_BIAS_F32 ? 4 : 2;
-  const int first = tn * BN + lane * (128 / esz);      // the line's first column
-  if (lane * 128 < BN * esz && first < N)
-    asm volatile("prefetch.global.L1 [%0];" :: "l"(static_cast<const char*>(bias) + (size_t)first * esz));
-}
-
 // amax(|v|) of the thread's valid elements of a tile, merged into `am` (fmaxf).
 template <int BN>
 __device__ __forceinline__ float gemm_tile_amax(const float (&x)[BN / 2], float am, int r0, int c0, int M, int N) {
@@ -953,7 +936,6 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
       for (GemmWalk<SCHED> w(unit0, unit_step, dp_end, num_units, k_blocks); w.next();) {
         int tm, tn;
         tile_coords(w.t, tm, tn);
-        if (FK_GEMM_BIAS_PREFETCH) gemm_prefetch_bias<BN>(bias, bias_kind, tn, N, lane);
         const int kb0 = w.kb0, kb1 = w.kb1;          // acc = the product over K blocks [kb0, kb1)
         int prev = 0;
         for (int kb = kb0; kb < kb1; ++kb) {
@@ -1005,7 +987,6 @@ fp8_gemm_sm90(const __grid_constant__ TmaMap tma_a, const __grid_constant__ TmaM
       };
       for (GemmWalk<SCHED> w(unit0, unit_step, dp_end, num_units, k_blocks); w.next();) {
         tile_coords(w.t, tm, tn);
-        if (FK_GEMM_BIAS_PREFETCH) gemm_prefetch_bias<BN>(bias, bias_kind, tn, N, lane);
         const int kb0 = w.kb0, kb1 = w.kb1;          // fin = the sum over K blocks [kb0, kb1)
         const int r0 = tm * kGemmBM + row_in_tile;
         sa_row0 = min(r0, M - 1);

@@ -17,7 +17,7 @@ Writes JSON to argv[1].
     AB_PEERS=1 ...   (the benchmark's torch.compile of the plain norm forwards, timed in the same rounds)
     AB_OPTIONS="-DFK_AMAX_REVERSE=1" AB_OPS=_current AB_NUMERICS=1 ...   (the amax pass walking backwards)
     AB_OPTIONS="-DFK_GEMM_WG_LAG_NS=300" AB_OPS=fp8_gemm AB_PEERS=1 ...   (GEMM cases, cuBLASLt beside them)
-    AB_OPTIONS="-DFK_GEMM_AMAX_ONCE=1;-DFK_GEMM_BIAS_PREFETCH=1" AB_OPS=fp8_gemm_epilogue AB_PEERS=1 AB_NUMERICS=1 ...   (the fused
+    AB_OPTIONS="-DFK_GEMM_AMAX_ONCE=1" AB_OPS=fp8_gemm_epilogue AB_PEERS=1 AB_NUMERICS=1 ...   (the fused
         bias + GeLU + E4M3 epilogue, cuBLASLt + torch.compile's epilogue beside it)
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
