@@ -585,6 +585,30 @@ def test_gpu_stream_k_tail(mode, bn, store, waves):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["split", "fast"])
+def test_gpu_stream_k_kernel_without_tail_equals_data_parallel(mode):
+    """The forced "sk_notail" walk (the stream-K kernel, every tile data-parallel: tools/sweep_gemm.py
+    uses it to tell the tail's gain from the kernel's) gives the data-parallel walk's bits, at a shape
+    whose tail the table's stream-K would split."""
+    pytest.importorskip("torch")
+    import cupy
+    from fusedkit.backends import cuda_gemm
+    from fusedkit.backends._common import sm_count
+    sms = sm_count(cupy.cuda.Device().id)
+    bn = 128 if mode == "split" else 256
+    m_tiles = -(-(2 * sms + 8) // 8)                  # two full waves and a tail of a few tiles
+    M, N, K = 128 * m_tiles - 32, 8 * bn - 16, 5 * 128
+    rng = rng_for("sk_notail", mode)
+    a, b = host_operands(rng, M, N, K)
+    kw = dict(use_split_accumulator=mode == "split")  # bf16 out: the staged kernels of SK_VARIANTS
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, "staged", "sk_notail")}):
+        got = to_numpy(_run("torch", a, b, **kw)).view(np.uint16)
+    with cuda_gemm.forced_tiles(**{mode: (bn, 1, "staged")}):
+        want = to_numpy(_run("torch", a, b, **kw)).view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
 def test_gpu_table_stream_k_and_graph_capture():
     """Split accumulation at a shape whose last wave is nearly empty walks stream-K by the tile table
     (TABLE_SCHED, SK_MAX_TAIL_FILL); under torch.cuda.graph capture the same call walks data-parallel

@@ -6,7 +6,8 @@ cuBLASLt (torch._scaled_mm) in the same mode; bf16 output, as the benchmark.
 
 FK_NO_CLUSTER=1 leaves out the two-CTA clusters; FK_STORES (default "staged,whole") names the output
 stores timed beside "direct" ("none": direct only); FK_SCHEDS=dp,sk also times the stream-K tail of the
-variants built with it (cuda_gemm.SK_VARIANTS), "sk" alone only those. FK_SHAPES="8192x8192x8192,..."
+variants built with it (cuda_gemm.SK_VARIANTS), "sk" alone only those; "sk_notail" times their stream-K
+kernel walking every tile data-parallel (what the tail gains apart from the kernel's own code). FK_SHAPES="8192x8192x8192,..."
 (M x K x N) keeps those of the issue-5 shapes (default: all five).
 
 Also times block scaling and the fused epilogue (bias + GeLU + E4M3 output + amax, split accumulation)

@@ -103,7 +103,9 @@ def forced_tiles(fast=(256, 1), split=(128, 1), block=(128, 1)):
     """Within the block, every launch uses these (BN, CLUSTER), (BN, CLUSTER, STORE) or (BN, CLUSTER, STORE,
     SCHED) per mode instead of the tile table (tests, tools/sanitize_gemm.py and tools/sweep_gemm.py reach
     the variants the table does not pick). A STORE other than "direct" applies to bf16 and FP8 outputs;
-    fp32 stays direct. SCHED "sk" applies where ``sk_split`` finds a tail to split."""
+    fp32 stays direct. SCHED "sk" applies where ``sk_split`` finds a tail to split; "sk_notail" launches
+    the stream-K kernel with every tile walked data-parallel (no tail: the same arithmetic as "dp", the
+    other walker's code), to tell the tail's gain from the kernel's."""
     global _forced
     saved, _forced = _forced, {"fast": fast, "split": split, "block": block}
     try:
@@ -363,9 +365,12 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
     grid = max(1, min(units, sm_count(device)))
     walk = sched(mode, cluster, units, grid)
-    dp_tiles = sk_split(units, grid) if walk == "sk" else units
-    if dp_tiles == units or _capturing(stream):  # stream-K's workspace is allocated outside graphs
-        walk, dp_tiles = "dp", units
+    if walk == "sk_notail":  # forced only: the stream-K kernel walking every tile data-parallel
+        walk, dp_tiles = "sk", units
+    else:
+        dp_tiles = sk_split(units, grid) if walk == "sk" else units
+        if dp_tiles == units or _capturing(stream):  # stream-K's workspace is allocated outside graphs
+            walk, dp_tiles = "dp", units
     k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, walk), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
