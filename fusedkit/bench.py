@@ -1,7 +1,7 @@
 """``python -m fusedkit bench``: fusedkit against every installed peer, in one run, as ratios.
 
 On a GPU: the norms at M x N = 2^27 (bf16) plus a small shape, timed with CUDA events (warm-up, L2
-flushed before every repetition, median), against torch eager, torch.compile, Liger and a hand-written
+flushed before every repetition, repetitions queued back to back as triton's do_bench, median), against torch eager, torch.compile, Liger and a hand-written
 CuPy version where available, and a device-to-device copy timed in the same run. GB/s come from the
 op's byte model (fusedkit._registry); "of copy" is GB/s over the copy's GB/s. Writes the results JSON
 of shared/DESIGN.md and a PNG chart. Without a GPU it times the CPU backend against NumPy by hand.
@@ -64,12 +64,21 @@ def _progress(total, desc):
 class GpuTimer:
     """Median of CUDA-event times, L2 flushed before each call. ``flush_mode``: "zero" (the benchmark's,
     as triton.testing.do_bench: a 256 MiB buffer zeroed, so each call starts with L2 full of dirty lines
-    to write back), "read" (the buffer read: L2 full of clean lines) or "none" (tools/ab_flush.py)."""
+    to write back), "read" (the buffer read: L2 full of clean lines) or "none" (tools/ab_flush.py).
 
-    def __init__(self, torch, flush_mib=256, flush_mode="zero"):
+    The timed calls are queued back to back, `rep` at a time, and read after one synchronize (as
+    do_bench): the host runs ahead of the device, so a call's host cost stays outside its events. With a
+    synchronize after every call (``sync_each=True``, the harness until 2026-12-05) the queue was empty
+    at each call: whatever host time a call took beyond the flush (about 60 us on the H200, 85 us on the
+    H100) fell between its events. The FP8 GEMM at 4096^3 (about 100 us of kernel, a heavier Python
+    path than a norm's) read 130-195 us in the H100 runs of 2026-12-05, its peers too (cuBLASLt plus
+    torch.compile's epilogue: 160-198 us), two modes as the host's time crossed the flush's."""
+
+    def __init__(self, torch, flush_mib=256, flush_mode="zero", sync_each=False):
         self.torch = torch
         self.flush = torch.empty(flush_mib * 2**20, dtype=torch.uint8, device="cuda")
         self.flush_mode = flush_mode
+        self.sync_each = sync_each
 
     def _flush_l2(self):
         if self.flush_mode == "zero":
@@ -94,14 +103,17 @@ class GpuTimer:
         times = []
         t_end = time.perf_counter() + min_time_ms / 1e3
         while len(times) < rep or (time.perf_counter() < t_end and len(times) < 10 * rep):
-            self._flush_l2()
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
+            pairs = []
+            for _ in range(1 if self.sync_each else rep):
+                self._flush_l2()
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                pairs.append((a, b))
+            pairs[-1][1].synchronize()
+            times += [a.elapsed_time(b) for a, b in pairs]
         return statistics.median(times)
 
 

@@ -145,3 +145,54 @@ def test_gemm_rows_interleave_rounds_and_keep_the_fastest(monkeypatch):
     assert set(got) == {"fusedkit", "cublaslt"}
     assert got["fusedkit"]["ms"] == 1.0 and got["cublaslt"]["ms"] == 1.5
     assert got["fusedkit"]["TFLOPs"] == pytest.approx(2 * 128 * 256 * 512 / 1.0 / 1e9)
+
+
+def _fake_device_torch(flush_us, fn_host_us, fn_device_us):
+    """A torch stand-in with one stream: host work advances a host clock, each queued op starts when both
+    the host has queued it and the device is free; events time the device (ms)."""
+    clock = {"host": 0.0, "device": 0.0}
+
+    def enqueue(host_us, device_us):
+        clock["host"] += host_us
+        clock["device"] = max(clock["host"], clock["device"]) + device_us
+        return clock["device"]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = enqueue(1.0, 0.0)
+
+        def synchronize(self):
+            clock["host"] = max(clock["host"], self.t)
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) / 1e3
+
+    class Buffer:
+        def zero_(self):
+            enqueue(5.0, flush_us)
+
+    class FakeTorch:
+        uint8 = None
+
+        @staticmethod
+        def empty(*a, **k):
+            return Buffer()
+
+        class cuda:
+            pass
+
+    FakeTorch.cuda.Event = Event
+    FakeTorch.cuda.synchronize = staticmethod(lambda: clock.update(host=max(clock["host"], clock["device"])))
+    return FakeTorch, lambda: enqueue(fn_host_us, fn_device_us)
+
+
+def test_gpu_timer_keeps_host_time_out_of_the_events():
+    """A call whose host cost (120 us) exceeds the flush (85 us): timed with a synchronize after each
+    call, the gap lands between the events; queued as do_bench does, the device time alone is read."""
+    torch, fn = _fake_device_torch(flush_us=85.0, fn_host_us=120.0, fn_device_us=100.0)
+    assert bench.GpuTimer(torch).ms(fn, min_time_ms=0.0) == pytest.approx(0.100)
+    torch, fn = _fake_device_torch(flush_us=85.0, fn_host_us=120.0, fn_device_us=100.0)
+    assert bench.GpuTimer(torch, sync_each=True).ms(fn, min_time_ms=0.0) > 0.130
