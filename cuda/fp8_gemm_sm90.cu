@@ -463,9 +463,9 @@ __device__ __forceinline__ void gemm_tile_coords(int t, int m_tiles, int n_tiles
 }
 
 // Stream-K tail (SCHED = GEMM_SCHED_STREAMK; with the GemmWalk below, +6-18 % for split accumulation
-// at the 31.03-wave shapes in H100 sweeps of 2026-12-05).
-// With 128 x 128 tiles the issue-5 shapes end in a last wave of 4-8 tiles on 132 SMs (4096 tiles: 31.03
-// waves), up to 3 % of the run. The first dp_tiles tiles are walked as in the data-parallel schedule;
+// at the four larger issue-5 shapes in H100 sweeps of 2026-12-05, more than their tails are worth).
+// With 128 x 128 tiles, 8192^3 and 16384 x 14336 x 4096 end in a last wave of 4 tiles on 132 SMs (4096
+// tiles: 31.03 waves), up to 3 % of the run. The first dp_tiles tiles are walked as in the data-parallel schedule;
 // the K blocks of the R remaining tiles (the host makes G < R < 2 G or R = 0, G the grid) are flattened
 // tile by tile and split evenly: CTA b takes [b R kb / G, (b + 1) R kb / G). A share is at least one
 // tile's K blocks long, so a tile is split at most once: its head (from K block 0) ends one CTA's share,

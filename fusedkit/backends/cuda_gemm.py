@@ -18,8 +18,9 @@ Tile table (``config``): 128 x BN x 128 tiles, the ring depth filling ~192 KB of
     and the other choices store column pairs per thread ("direct").
   * SCHED (TABLE_SCHED): data-parallel, except split accumulation with a last wave at most half full:
     its last one to two waves' K blocks split evenly over the grid ("sk", stream-K; a tile's two halves
-    joined through global memory; ``sched``). H100 sweeps 2026-12-05: +6-18 % at the issue-5 shapes of
-    31.03 waves, -9 % at 4096^3 (7.76 waves); fast accumulation and block scaling tied or lost.
+    joined through global memory; ``sched``). H100 sweeps 2026-12-05: +6-18 % at the four larger
+    issue-5 shapes (31.03 to 108.6 waves), -9 % at 4096^3 (7.76 waves); fast accumulation and block
+    scaling tied or lost.
 The kernel needs sm_90a; ``supported(device)`` says when it applies (fusedkit/fp8/gemm.py falls back to
 dequantize + matmul elsewhere).
 """
@@ -80,15 +81,19 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 # split cuBLASLt, ahead at all five shapes.
 TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 # The tile walk per mode: "dp" (data-parallel, the tiles dealt round-robin to the persistent grid) or
-# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). At the issue-5
-# shapes the last wave holds 4-8 of 132 tiles (4096 tiles: 31.03 waves). H200 sweep 1011Z: fast +1-3 %,
+# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). With 128 x 128
+# tiles on 132 SMs the issue-5 shapes hold 1024 tiles (4096^3: 7.76 waves, the last one 76 % full), 4096
+# (8192^3 and 16384 x 14336 x 4096: 31.03 waves), 8192 (16384 x 8192 x 8192: 62.06) and 14336 (16384 x
+# 4096 x 14336: 108.6, the last wave 61 % full). H200 sweep 1011Z: fast +1-3 %,
 # split -7-11 % (its walker's loop had left the uniform datapath; fixed in GemmWalk since).
 TABLE_SCHED = {"fast": "dp", "split": "sk", "block": "dp"}
 # The table's stream-K applies only where the last wave is at most this full (a tail worth splitting).
 # H100 sweeps 2026-12-05 12:11Z-12:27Z (six runs, median ratio to cuBLASLt, split accumulation, staged
 # bf16 stores): 8192^3 0.895 -> 0.978, 16384 x 14336 x 4096 0.823 -> 0.925, 16384 x 4096 x 14336 0.797
-# -> 0.854, 16384 x 8192 x 8192 0.824 -> 0.975 (4096 tiles: 31.03 waves of 132); 4096^3 (1024 tiles:
-# 7.76 waves) 1.004 -> 0.913, so a fuller tail stays data-parallel; the fused bias + GeLU + E4M3 epilogue
+# -> 0.854, 16384 x 8192 x 8192 0.824 -> 0.975; 4096^3 1.004 -> 0.913, so a fuller tail stays
+# data-parallel (which also keeps 16384 x 4096 x 14336 data-parallel, though stream-K won there: at 62
+# and 108 waves the tail is worth under 2 %, so most of the gain is the kernel's, not the tail's; the
+# forced walk "sk_notail" is there to find out); the fused bias + GeLU + E4M3 epilogue
 # tied (medians 0.80-0.89 of plain cuBLASLt either way). Fast accumulation and block scaling lost or tied
 # (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
 # benchmarks/results/sweep_gemm_stream_k_H100_2026-12-05T1227Z.json; not yet confirmed on the H200.
