@@ -532,6 +532,10 @@ def run_gpu(args):
         # the whole benchmark
         if not args.quick and "gemm" in args.only:
             gemm_rows(torch, timer, rows, rounds=max(args.rounds, 3))
+            try:
+                rows.extend(gemm_overhead_rows(torch))
+            except Exception as e:  # noqa: BLE001 - reported; the GEMM rows above stay
+                print(f"  fp8_gemm host overhead failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
         if not args.only or "overhead" in args.only:
             rows.extend(overhead_rows(torch))
 
@@ -647,11 +651,23 @@ def gemm_rows(torch, timer, rows=None, rounds=3):
     return rows
 
 
+def _host_ms(torch, fn, n):
+    """Host time per call of fn, n calls queued back to back (after 50 to warm up)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    return t * 1e3
+
+
 def overhead_rows(torch, n=2000):
     """Per-call host time of one small call (4 x 1024), launches queued back to back."""
     import cupy
     import fusedkit as fk
-    rows = []
     xt = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
     wt = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
     xc = cupy.random.standard_normal((4, 1024), dtype=cupy.float32)
@@ -659,19 +675,21 @@ def overhead_rows(torch, n=2000):
     cases = {"fusedkit_cupy": lambda: fk.layer_norm(xc, wc),
              "fusedkit_torch": lambda: fk.layer_norm(xt, wt),
              "torch_eager": lambda: torch.nn.functional.layer_norm(xt, (1024,), wt)}
-    for impl, fn in cases.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t = (time.perf_counter() - t0) / n
-        torch.cuda.synchronize()
-        rows.append({"op": "layer_norm_fwd_host_overhead", "shape": [4, 1024],
-                     "dtype": "float32" if "cupy" in impl else "bfloat16", "impl": impl,
-                     "ms": t * 1e3, "GBps": None, "TFLOPs": None})
-    return rows
+    return [{"op": "layer_norm_fwd_host_overhead", "shape": [4, 1024],
+             "dtype": "float32" if "cupy" in impl else "bfloat16", "impl": impl,
+             "ms": _host_ms(torch, fn, n), "GBps": None, "TFLOPs": None} for impl, fn in cases.items()]
+
+
+def gemm_overhead_rows(torch, n=1000):
+    """Per-call host time of the FP8 GEMM at 256 x 256 x 256 (a few us of device work, so the host
+    bounds the loop), torch tensors: the plain bf16 call, the fused epilogue (bias + GeLU + E4M3 output
+    + amax), and cuBLASLt through torch._scaled_mm. A call's host time beyond the device's is what a
+    training loop cannot hide when its GEMMs are small."""
+    ops = _gemm_impls(torch, 256, 256, 256)
+    cases = {"fusedkit": ops["fp8_gemm"]["fusedkit"], "fusedkit_epilogue": ops["fp8_gemm_epilogue"]["fusedkit"],
+             "cublaslt": ops["fp8_gemm"]["cublaslt"]}
+    return [{"op": "fp8_gemm_host_overhead", "shape": [256, 256, 256], "dtype": "e4m3", "impl": impl,
+             "ms": _host_ms(torch, fn, n), "GBps": None, "TFLOPs": None} for impl, fn in cases.items()]
 
 
 # ----------------------------------------------------------------------------------------------------

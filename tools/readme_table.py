@@ -64,7 +64,8 @@ def table() -> str:
     for (op, shape), (impls, copy, _f, _d, _dev, fresh) in groups.items():
         mine = impls.get("fusedkit")
         if "overhead" in op:
-            overhead = [f"{k}: {v['ms'] * 1e3:.1f} us" for k, v in impls.items()]
+            overhead.append(f"{op.split('_host')[0]} {' x '.join(map(str, shape))}: "
+                            + ", ".join(f"{k} {v['ms'] * 1e3:.1f} us" for k, v in impls.items()))
         elif mine is None:
             continue
         elif mine.get("TFLOPs"):
@@ -89,8 +90,7 @@ def table() -> str:
                   "run (cuBLASLt through torch._scaled_mm in the same accumulation mode).", "",
                   "| op | M x K x N | fusedkit TFLOP/s | speedup over |", "| --- | --- | --- | --- |"] + gemm
     if overhead:
-        lines += ["", "Host time per call (4 x 1024 layer_norm, launches queued back to back): "
-                  + ", ".join(overhead) + "."]
+        lines += ["", "Host time per call (launches queued back to back): " + "; ".join(overhead) + "."]
     lines += ["", "Runs: " + "; ".join(f"{d} {dev} (`{f}`)" for d, f, dev in used) + "."]
     return "\n".join(lines)
 
