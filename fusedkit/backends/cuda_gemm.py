@@ -370,12 +370,12 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
     grid = max(1, min(units, sm_count(device)))
     walk = sched(mode, cluster, units, grid)
-    if walk == "sk_notail":  # forced only: the stream-K kernel walking every tile data-parallel
-        walk, dp_tiles = "sk", units
-    else:
-        dp_tiles = sk_split(units, grid) if walk == "sk" else units
-        if dp_tiles == units or _capturing(stream):  # stream-K's workspace is allocated outside graphs
-            walk, dp_tiles = "dp", units
+    notail = walk == "sk_notail"  # forced only: the stream-K kernel walking every tile data-parallel
+    dp_tiles = sk_split(units, grid) if walk == "sk" else units
+    if (dp_tiles == units and not notail) or _capturing(stream):  # stream-K's workspace: outside graphs
+        walk, dp_tiles = "dp", units
+    elif notail:
+        walk = "sk"
     k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, walk), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
