@@ -4,7 +4,8 @@ FUSEDKIT_DEBUG      0 (default) silent; 1 print the chosen launch config of each
                     2 also name expression, options and compile time; 3 also the full source.
 FUSEDKIT_CACHE_DIR  where compiled kernels (cubin + lowered names) are cached on disk;
                     default ``$XDG_CACHE_HOME/fusedkit`` or ``~/.cache/fusedkit``.
-FUSEDKIT_NVRTC      path of libnvrtc to use instead of the automatic search.
+FUSEDKIT_NVRTC      path of libnvrtc to use instead of the automatic search (the libnvrtc-builtins
+                    beside it is loaded too).
 FUSEDKIT_NVRTC_OPTIONS  extra NVRTC options (experiments, e.g. -DFK_STREAM_LOADS=0); in the cache key.
 FUSEDKIT_COMPILE_TARGETS  comma-separated targets of the compile-all check (default sm_80,sm_90a,sm_100a).
 FUSEDKIT_STAGED     1 (default) lets memory-bound kernels on sm_90+ stage rows through shared memory
