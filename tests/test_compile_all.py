@@ -51,3 +51,23 @@ def test_family_compiles_without_spills(family, monkeypatch):
     monkeypatch.setattr(compile_check, "all_expressions", backend.all_expressions)
     problems = compile_check.run(verbose=False)
     assert not problems, "\n".join(problems)
+
+
+def test_nvrtc_path_preloads_its_builtins(tmp_path, monkeypatch):
+    """A libnvrtc given by path (FUSEDKIT_NVRTC, an unpacked wheel) brings the builtins library beside it
+    in first, globally, so NVRTC's load of it by name works without LD_LIBRARY_PATH; the .alt variant is
+    not taken, and a library that fails to load is left for the compile to report."""
+    for name in ("libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libnvrtc-builtins.alt.so.13.0"):
+        (tmp_path / name).write_bytes(b"")
+    loaded = []
+
+    def fake_cdll(path, mode=0):
+        loaded.append((os.path.basename(path), mode))
+        raise OSError("not a library")
+
+    monkeypatch.setattr(_nvrtc.ctypes, "CDLL", fake_cdll)
+    _nvrtc._preload_builtins(str(tmp_path / "libnvrtc.so.13"))
+    assert loaded == [("libnvrtc-builtins.so.13.0", _nvrtc.ctypes.RTLD_GLOBAL)]
+    loaded.clear()
+    _nvrtc._preload_builtins("libnvrtc.so.13")  # a bare name: the loader's own search, nothing to preload
+    assert loaded == []
