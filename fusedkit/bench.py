@@ -1,8 +1,9 @@
 """``python -m fusedkit bench``: fusedkit against every installed peer, in one run, as ratios.
 
 On a GPU: the norms at M x N = 2^27 (bf16) plus a small shape, timed with CUDA events (warm-up, L2
-flushed before every repetition, repetitions queued back to back as triton's do_bench, median), against torch eager, torch.compile, Liger and a hand-written
-CuPy version where available, and a device-to-device copy timed in the same run. GB/s come from the
+flushed before every repetition, repetitions queued back to back as triton's do_bench, median), against
+torch eager, torch.compile, Liger and a hand-written CuPy version where available, and a device-to-device
+copy timed in the same run. GB/s come from the
 op's byte model (fusedkit._registry); "of copy" is GB/s over the copy's GB/s. Writes the results JSON
 of shared/DESIGN.md and a PNG chart. Without a GPU it times the CPU backend against NumPy by hand.
 """
@@ -72,7 +73,8 @@ class GpuTimer:
     at each call: whatever host time a call took beyond the flush (about 60 us on the H200, 85 us on the
     H100) fell between its events. The FP8 GEMM at 4096^3 (about 100 us of kernel, a heavier Python
     path than a norm's) read 130-195 us in the H100 runs of 2026-12-05, its peers too (cuBLASLt plus
-    torch.compile's epilogue: 160-198 us), two modes as the host's time crossed the flush's."""
+    torch.compile's epilogue: 160-198 us): two modes, likely the host's time falling either side of the
+    flush's."""
 
     def __init__(self, torch, flush_mib=256, flush_mode="zero", sync_each=False):
         self.torch = torch
