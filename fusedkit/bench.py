@@ -3,9 +3,9 @@
 On a GPU: the norms at M x N = 2^27 (bf16) plus a small shape, timed with CUDA events (warm-up, L2
 flushed before every repetition, repetitions queued back to back as triton's do_bench, median), against
 torch eager, torch.compile, Liger and a hand-written CuPy version where available, and a device-to-device
-copy timed in the same run. GB/s come from the
-op's byte model (fusedkit._registry); "of copy" is GB/s over the copy's GB/s. Writes the results JSON
-of shared/DESIGN.md and a PNG chart. Without a GPU it times the CPU backend against NumPy by hand.
+copy timed in the same run. GB/s come from the op's byte model (fusedkit._registry); "of copy" is GB/s
+over the copy's GB/s. Writes the results JSON of shared/DESIGN.md and a PNG chart. Without a GPU it
+times the CPU backend against NumPy by hand.
 """
 from __future__ import annotations
 
