@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import re
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("torch_eager", "torch_compile", "liger")
@@ -96,6 +97,9 @@ def table() -> str:
 
 
 def main():
+    if len(sys.argv) > 1:  # no options: anything else (e.g. --help) prints the usage, README untouched
+        print(__doc__)
+        return
     readme = os.path.join(ROOT, "README.md")
     text = open(readme).read()
     block = table()
