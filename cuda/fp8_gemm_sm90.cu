@@ -7,10 +7,9 @@
 //     of shared memory); CTA b walks output tiles b, b + grid, ... . Tiles of 128 x BN are numbered in
 //     groups of 8 tile-rows (kGemmGroupM): inside a group the walk goes down the 8 M-tiles first, then
 //     along N, so the CTAs running at one time share A rows and B rows in L2. SCHED = GEMM_SCHED_STREAMK
-//     (the table's choice for split accumulation where the last wave is at most half full; see GemmWalk
-//     and cuda_gemm.TABLE_SCHED): the last one to two waves' K blocks are
-//     split evenly over the grid instead, a tile cut between two CTAs joined through global memory
-//     (gemm_sk_share).
+//     (the table's kernel for split accumulation; see GemmWalk and cuda_gemm.TABLE_SCHED): where the
+//     host asks for a tail (dp_tiles < tiles), the last one to two waves' K blocks are split evenly over
+//     the grid instead, a tile cut between two CTAs joined through global memory (gemm_sk_share).
 //   * Warp specialisation, 384 threads = 3 warpgroups. Warpgroup 0 is the producer: it gives registers
 //     back (setmaxnreg.dec 40) and one thread issues the TMA loads; warpgroups 1 and 2 are the consumers
 //     (setmaxnreg.inc 232), each owns 64 rows of the 128-row tile and all BN columns.

@@ -527,6 +527,11 @@ def test_stream_k_split_rule():
             assert e.endswith(", 1>") and e in names
     assert cuda_gemm.expr("e4m3", "e4m3", 128, "split", "bfloat16", 6, 1, "staged") in names  # dp: names as before
     assert cuda_gemm.sched("split", 1) == cuda_gemm.TABLE_SCHED["split"]
+    # the table: split accumulation launches the stream-K kernel; the tail is split only when short
+    assert cuda_gemm.sched("split", 1, 4096, 132) == "sk"          # 31.03 waves
+    assert cuda_gemm.sched("split", 1, 1024, 132) == "sk_notail"   # 7.76 waves: 76 % last wave
+    assert cuda_gemm.sched("split", 2, 4096, 132) == "dp"
+    assert cuda_gemm.sched("fast", 1, 4096, 132) == cuda_gemm.TABLE_SCHED["fast"] == "dp"
     with cuda_gemm.forced_tiles(split=(128, 1, "staged", "sk"), fast=(256, 2, "direct", "sk")):
         assert cuda_gemm.sched("split", 1) == "sk"
         assert cuda_gemm.sched("fast", 2) == "dp"  # clusters walk data-parallel
@@ -611,9 +616,9 @@ def test_gpu_stream_k_kernel_without_tail_equals_data_parallel(mode):
 @pytest.mark.gpu
 def test_gpu_table_stream_k_and_graph_capture():
     """Split accumulation at a shape whose last wave is nearly empty walks stream-K by the tile table
-    (TABLE_SCHED, SK_MAX_TAIL_FILL); under torch.cuda.graph capture the same call walks data-parallel
-    (stream-K's workspace is allocated outside graphs), so the replayed graph gives exactly the bits of
-    the forced data-parallel walk, and stream-K agrees with both to one extra rounding."""
+    (TABLE_SCHED, SK_MAX_TAIL_FILL); under torch.cuda.graph capture the same call splits no tail (its
+    workspace is allocated outside graphs), so the replayed graph gives exactly the bits of the forced
+    data-parallel walk, and stream-K agrees with both to one extra rounding."""
     torch = pytest.importorskip("torch")
     import cupy
     from fusedkit.backends import cuda_gemm

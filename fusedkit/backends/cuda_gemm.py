@@ -81,21 +81,25 @@ def smem_bytes(bn: int, stages: int, out: str = "bfloat16", store: str = "direct
 # split cuBLASLt, ahead at all five shapes.
 TABLE_STORE = {"fast": "whole", "split": "staged", "block": "staged"}
 # The tile walk per mode: "dp" (data-parallel, the tiles dealt round-robin to the persistent grid) or
-# "sk" (its last one to two waves as stream-K: cuda/fp8_gemm_sm90.cu gemm_sk_share). With 128 x 128
-# tiles on 132 SMs the issue-5 shapes hold 1024 tiles (4096^3: 7.76 waves, the last one 76 % full), 4096
-# (8192^3 and 16384 x 14336 x 4096: 31.03 waves), 8192 (16384 x 8192 x 8192: 62.06) and 14336 (16384 x
-# 4096 x 14336: 108.6, the last wave 61 % full). H200 sweep 1011Z: fast +1-3 %,
-# split -7-11 % (its walker's loop had left the uniform datapath; fixed in GemmWalk since).
+# "sk" (the stream-K kernel: its last one to two waves split by K blocks, cuda/fp8_gemm_sm90.cu
+# gemm_sk_share, where the last wave is at most SK_MAX_TAIL_FILL full; elsewhere the same kernel walks
+# every tile data-parallel, "sk_notail"). With 128 x 128 tiles on 132 SMs the issue-5 shapes hold 1024
+# tiles (4096^3: 7.76 waves, the last one 76 % full), 4096 (8192^3 and 16384 x 14336 x 4096: 31.03
+# waves), 8192 (16384 x 8192 x 8192: 62.06) and 14336 (16384 x 4096 x 14336: 108.6, the last wave 61 %
+# full). H200 sweep 1011Z: fast +1-3 %, split -7-11 % (its walker's loop had left the uniform datapath;
+# fixed in GemmWalk since).
 TABLE_SCHED = {"fast": "dp", "split": "sk", "block": "dp"}
-# The table's stream-K applies only where the last wave is at most this full (a tail worth splitting).
-# H100 sweeps 2026-12-05 12:11Z-12:27Z (six runs, median ratio to cuBLASLt, split accumulation, staged
-# bf16 stores): 8192^3 0.895 -> 0.978, 16384 x 14336 x 4096 0.823 -> 0.925, 16384 x 4096 x 14336 0.797
-# -> 0.854, 16384 x 8192 x 8192 0.824 -> 0.975; 4096^3 1.004 -> 0.913, so a fuller tail stays
-# data-parallel (which also keeps 16384 x 4096 x 14336 data-parallel, though stream-K won there: at 62
-# and 108 waves the tail is worth under 2 %, so most of the gain is the kernel's, not the tail's; the
-# forced walk "sk_notail" is there to find out); the fused bias + GeLU + E4M3 epilogue
-# tied (medians 0.80-0.89 of plain cuBLASLt either way). Fast accumulation and block scaling lost or tied
-# (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
+# The tail is split only where the last wave is at most this full. H100 sweeps 2026-12-05 12:11Z-12:27Z
+# (six runs, median ratio to cuBLASLt, split accumulation, staged bf16 stores): 8192^3 0.895 -> 0.978,
+# 16384 x 14336 x 4096 0.823 -> 0.925, 16384 x 4096 x 14336 0.797 -> 0.854, 16384 x 8192 x 8192 0.824 ->
+# 0.975; 4096^3 1.004 -> 0.913, so a fuller tail is not split. At 62 and 108 waves a tail is worth under
+# 2 %: most of the gain was the kernel's. The H100 sweep of 17:03Z (sweep_gemm_sk_notail_H100_
+# 2026-12-05T1703Z.json, staged bf16 stores, ratio to cuBLASLt) timed the stream-K kernel with no tail
+# against the data-parallel one: 4096^3 0.924 -> 0.959, 8192^3 0.906 -> 1.019, 16384 x 4096 x 14336
+# 0.815 -> 0.965, 16384 x 14336 x 4096 0.853 -> 0.996, 16384 x 8192 x 8192 0.845 -> 0.840 (with its tail
+# 0.863); so split accumulation always launches the stream-K kernel. The fused bias + GeLU + E4M3
+# epilogue tied (0.80-0.89 of plain cuBLASLt, either walk, either kernel). Fast accumulation and block
+# scaling lost or tied (fast whole-tile 8192^3 1.016 -> 0.999; block 0.69 -> 0.64-0.69): "dp".
 # benchmarks/results/sweep_gemm_stream_k_H100_2026-12-05T1227Z.json; not yet confirmed on the H200.
 SK_MAX_TAIL_FILL = 0.5
 SCHEDS = {"dp": 0, "sk": 1}
@@ -133,16 +137,18 @@ def config(M: int, N: int, mode: str, sms: int = 132, out: str = "bfloat16") -> 
 
 
 def sched(mode: str, cluster: int, units: int | None = None, grid: int | None = None) -> str:
-    """The tile walk of a launch: TABLE_SCHED (or the forced one); stream-K needs CLUSTER = 1. Given the
-    launch's units and grid, the table's stream-K applies only where the last wave is at most
-    SK_MAX_TAIL_FILL full (a forced one wherever sk_split finds a tail)."""
+    """The tile walk of a launch: "dp", "sk" (a stream-K tail) or "sk_notail" (the stream-K kernel, every
+    tile walked data-parallel), from TABLE_SCHED or the forced one; stream-K needs CLUSTER = 1. Given the
+    launch's units and grid, the table splits a tail only where the last wave is at most SK_MAX_TAIL_FILL
+    full, and otherwise still launches the stream-K kernel, without a tail (a forced "sk" splits wherever
+    sk_split finds a tail)."""
     if _forced is not None:
         rest = _forced[mode][2:]
         want = rest[1] if len(rest) > 1 else "dp"
     else:
         want = TABLE_SCHED[mode]
         if want == "sk" and units is not None and units % grid > SK_MAX_TAIL_FILL * grid:
-            want = "dp"
+            want = "sk_notail"
     return want if cluster == 1 else "dp"
 
 
@@ -370,13 +376,11 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
     grid = max(1, min(units, sm_count(device)))
     walk = sched(mode, cluster, units, grid)
-    notail = walk == "sk_notail"  # forced only: the stream-K kernel walking every tile data-parallel
     dp_tiles = sk_split(units, grid) if walk == "sk" else units
-    if (dp_tiles == units and not notail) or _capturing(stream):  # stream-K's workspace: outside graphs
-        walk, dp_tiles = "dp", units
-    elif notail:
-        walk = "sk"
-    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, walk), device, smem)
+    if dp_tiles < units and _capturing(stream):  # a tail's workspace: outside graphs (see _capturing)
+        dp_tiles = units
+    kernel_walk = "dp" if walk == "dp" else "sk"   # "sk_notail": the stream-K kernel, no tail
+    k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, kernel_walk), device, smem)
     p = _Params()
     ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
     ctypes.memmove(p.map_b, tensor_map(b, N, K, bn // cluster), 128)  # each CTA of a cluster loads a share
@@ -387,7 +391,7 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
     p.M, p.N, p.K = M, N, K
     p.bias_kind, p.act, p.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
     p.dp_tiles = dp_tiles
-    if walk == "sk":
+    if dp_tiles < units:  # without a tail the stream-K kernel parks nothing: no workspace
         p.sk_part, p.sk_flag, p.sk_epoch = _sk_workspace(device, stream, grid, bn)
     base = ctypes.addressof(p)
     args = (ctypes.c_void_p * len(_ARG_NAMES))(*[base + getattr(_Params, n).offset for n in _ARG_NAMES])
@@ -401,9 +405,10 @@ def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mo
 
 def _capturing(stream: int) -> bool:
     """Whether the stream is capturing a CUDA graph (torch.cuda.graph, torch.compile's reduce-overhead
-    mode, CuPy's Stream.begin_capture). Stream-K launches then walk data-parallel: their workspace
-    (_sk_workspace) is a CuPy allocation made on first use, which a capture may forbid, and a graph
-    replayed on two streams at once would share it."""
+    mode, CuPy's Stream.begin_capture). A stream-K launch then splits no tail (its kernel walks every
+    tile data-parallel): a tail's workspace (_sk_workspace) is a CuPy allocation made on first use,
+    which a capture may forbid, and a graph replayed on two streams at once would share it. Asked only
+    for launches with a tail."""
     from cupy_backends.cuda.api import runtime
     return bool(runtime.streamIsCapturing(stream))
 
