@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fusedkit as fk
+from fusedkit import _callcache
 from fusedkit import fp8
 from fusedkit.fp8.tensor import FP8Tensor
 from fusedkit.reference import fp8 as rfp8
@@ -700,6 +701,7 @@ def test_gpu_fallback_matches_reference(backend, scaling, monkeypatch):
     """The non-sm_90 path (dequantize + fp32 matmul + epilogue), forced on any GPU."""
     from fusedkit.backends import cuda_gemm
     monkeypatch.setattr(cuda_gemm, "supported", lambda device: False)
+    _callcache.clear()   # a cached plan of an earlier test's signature would launch the kernel
     rng = rng_for("fb", backend, scaling)
     M, N, K = 144, 272, 208
     a, b = host_operands(rng, M, N, K, scaling=scaling)
@@ -712,6 +714,44 @@ def test_gpu_fallback_matches_reference(backend, scaling, monkeypatch):
     deq = rfp8.fp8_to_float(to_numpy(t.data), "e4m3") / 2.0
     assert rel_err(deq, v) < 0.05
     assert abs(float(np.asarray(to_numpy(t.amax)).reshape(())) - np.abs(v).max()) <= 1e-4 * np.abs(v).max()
+
+
+@pytest.mark.parametrize("backend", GPU)
+@pytest.mark.parametrize("case", ["split_f32", "fast_bias_gelu_f32", "e4m3_out", "block_f32", "accumulate"])
+def test_gpu_repeat_calls_through_the_call_cache(backend, case):
+    """Three calls of one signature with fresh operands: the first plans (fusedkit/_callcache.py), the
+    next two launch the cached plan; each result against the reference, FP8 bytes and amax exact against
+    the same call's fp32 output (tests/test_gemm_host_path.py checks the parameters without a GPU)."""
+    _callcache.clear()
+    M, N, K = 1040, 784, 528   # 7 x 7 tiles, a partial tile in M and N
+    for i in range(3):
+        rng = rng_for("callcache", backend, case, i)
+        a, b = host_operands(rng, M, N, K, scaling="block" if case == "block_f32" else "tensor")
+        ad, bd = to_dev(a, backend), to_dev(b, backend)
+        split = not case.startswith("fast")
+        bias = rng.standard_normal(N).astype(np.float32) if "bias" in case or case == "e4m3_out" else None
+        kw = dict(use_split_accumulator=split, bias=None if bias is None else to_backend(bias, backend),
+                  activation="gelu" if bias is not None else None)
+        want = ref.fp8_gemm(a, b, out_dtype="float32", bias=bias, activation=kw["activation"])
+        if case == "e4m3_out":
+            scale = np.float32(rng.uniform(0.2, 2.0))
+            v32 = to_numpy(fk.fp8_gemm(ad, bd, out_dtype="float32", **kw))
+            t = fk.fp8_gemm(ad, bd, out_dtype="e4m3", out_scale=to_backend(np.array([scale], np.float32), backend),
+                            **kw)
+            np.testing.assert_array_equal(to_numpy(t.data), rfp8.cast_to_fp8(v32 * scale, "e4m3"))
+            amax = np.asarray(to_numpy(t.amax), np.float32).reshape(())
+            assert amax.view(np.uint32) == np.abs(v32).max().astype(np.float32).view(np.uint32)
+            np.testing.assert_allclose(np.asarray(to_numpy(t.scale_inv)).reshape(()), 1 / scale, rtol=1e-7)
+            got = v32
+        elif case == "accumulate":
+            c0 = rng.standard_normal((M, N)).astype(np.float32)
+            c = to_backend(c0, backend)
+            assert fk.fp8_gemm(ad, bd, out_dtype="float32", accumulate_into=c, **kw) is c
+            got, want = to_numpy(c), want + c0
+        else:
+            got = to_numpy(fk.fp8_gemm(ad, bd, out_dtype="float32", **kw))
+        assert rel_err(got, want) < _tol("split" if split else "fast"), f"call {i}"
+    assert len(_callcache._plans) == (2 if case == "e4m3_out" else 1)
 
 
 @pytest.mark.parametrize("backend", GPU)

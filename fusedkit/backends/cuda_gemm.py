@@ -349,7 +349,7 @@ class _Params(ctypes.Structure):
                 ("sk_epoch", ctypes.c_int)]
 
 
-_ARG_NAMES = [f[0] for f in _Params._fields_]
+_ARG_OFFSETS = tuple(getattr(_Params, f[0]).offset for f in _Params._fields_)
 _kernels: dict = _jit.plan_cache()
 
 
@@ -363,44 +363,86 @@ def _kernel(e: str, device: int, smem: int):
     return k
 
 
-def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mode, out_kind, bias_dtype,
-         act, accumulate, device, stream):
-    """One launch: ``a`` (M x K) and ``b`` (N x K) FP8 byte pointers (16-byte aligned), ``out`` (M x N of
-    out_kind), ``scale_a`` / ``scale_b`` device fp32 pointers (per tensor, or the block-scale arrays with
-    mode "block"), ``out_scale`` (FP8 outputs), ``amax`` (0 or a zeroed fp32), ``bias`` (0 or N values of
-    bias_dtype), ``act`` (-1 or an id of cuda/common/act.cuh), ``accumulate`` (out += ...)."""
-    from cupy_backends.cuda.api import driver
+class GemmLaunch:
+    """Everything a launch needs that the problem's signature decides (M, N, K, formats, mode, output,
+    bias type, activation, accumulate, device): the kernel, its grid and shared memory, the tile walk,
+    and the kernel parameters that are not pointers (``template``). fusedkit/_callcache.py keeps one per
+    call signature; ``launch`` fills in the pointers. ``spare``: parameter blocks with their argument
+    arrays, reused launch after launch (cuLaunchKernel copies the parameters before it returns; a block
+    is taken off the list while it is filled, so two threads never share one)."""
 
+    __slots__ = ("kernel", "device", "grid", "smem", "cluster", "bn", "store", "out_kind", "units", "dp_tiles",
+                 "template", "spare")
+
+
+def plan(M, N, K, fa, fb, mode, out_kind, bias_dtype, act, accumulate, device) -> GemmLaunch:
+    """The launch of one problem through the tile table (or the forced tiles), kernel compiled and
+    loaded."""
     bn, stages, cluster, store = config(M, N, mode, sm_count(device), out_kind)
     smem = smem_bytes(bn, stages, out_kind, store)
     units = -(-M // (BM * cluster)) * -(-N // bn)          # cluster work units (cluster x 1 tiles)
     grid = max(1, min(units, sm_count(device)))
     walk = sched(mode, cluster, units, grid)
-    dp_tiles = sk_split(units, grid) if walk == "sk" else units
-    if dp_tiles < units and _capturing(stream):  # a tail's workspace: outside graphs (see _capturing)
-        dp_tiles = units
     kernel_walk = "dp" if walk == "dp" else "sk"   # "sk_notail": the stream-K kernel, no tail
     k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, kernel_walk), device, smem)
-    p = _Params()
-    ctypes.memmove(p.map_a, tensor_map(a, M, K, BM), 128)
-    ctypes.memmove(p.map_b, tensor_map(b, N, K, bn // cluster), 128)  # each CTA of a cluster loads a share
-    if store != "direct":
-        ctypes.memmove(p.map_d, out_tensor_map(out, M, N, out_kind), 128)
+    pl = GemmLaunch()
+    pl.kernel, pl.device, pl.smem, pl.cluster, pl.bn, pl.store, pl.out_kind = k, device, smem, cluster, bn, store, out_kind
+    pl.units, pl.dp_tiles = units, sk_split(units, grid) if walk == "sk" else units
+    t = pl.template = _Params()
+    t.M, t.N, t.K = M, N, K
+    t.bias_kind, t.act, t.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
+    pl.spare = []
+    if cluster == 1:
+        pl.grid = grid
+    else:
+        launch_, resident = _cluster_launch(k, cluster, smem)
+        pl.grid = (launch_, cluster * max(1, min(units, resident)))
+    return pl
+
+
+def launch(pl: GemmLaunch, a, b, out, bias, scale_a, scale_b, out_scale, amax, stream) -> None:
+    """One launch of a planned problem: ``a`` (M x K) and ``b`` (N x K) FP8 byte pointers (16-byte
+    aligned), ``out`` (M x N of the plan's output type), ``scale_a`` / ``scale_b`` device fp32 pointers
+    (per tensor, or the block-scale arrays in mode "block"), ``out_scale`` (FP8 outputs), ``amax`` (0 or
+    a zeroed fp32), ``bias`` (0 or N values of the planned bias type), on ``stream``. The kernel's
+    device must be current."""
+    from cupy_backends.cuda.api import driver
+    try:
+        p, args = pl.spare.pop()
+    except IndexError:
+        p = _Params.from_buffer_copy(pl.template)
+        base = ctypes.addressof(p)
+        args = (ctypes.c_void_p * len(_ARG_OFFSETS))(*[base + o for o in _ARG_OFFSETS])
+    t = pl.template
+    ctypes.memmove(p.map_a, tensor_map(a, t.M, t.K, BM), 128)
+    ctypes.memmove(p.map_b, tensor_map(b, t.N, t.K, pl.bn // pl.cluster), 128)  # a cluster's CTAs: a share each
+    if pl.store != "direct":
+        ctypes.memmove(p.map_d, out_tensor_map(out, t.M, t.N, pl.out_kind), 128)
     p.out, p.bias, p.scale_a, p.scale_b = out, bias or None, scale_a, scale_b
     p.out_scale, p.amax = out_scale or None, amax or None
-    p.M, p.N, p.K = M, N, K
-    p.bias_kind, p.act, p.accumulate = BIAS_KIND[bias_dtype], act, int(bool(accumulate))
-    p.dp_tiles = dp_tiles
-    if dp_tiles < units:  # without a tail the stream-K kernel parks nothing: no workspace
-        p.sk_part, p.sk_flag, p.sk_epoch = _sk_workspace(device, stream, grid, bn)
-    base = ctypes.addressof(p)
-    args = (ctypes.c_void_p * len(_ARG_NAMES))(*[base + getattr(_Params, n).offset for n in _ARG_NAMES])
-    if cluster == 1:
-        driver.launchKernel(k.kernel.ptr, grid, 1, 1, THREADS, 1, 1, smem, stream, ctypes.addressof(args), 0)
-    else:
-        launch, resident = _cluster_launch(k, cluster, smem)
-        grid = cluster * max(1, min(units, resident))
-        launch.launch(grid, 1, (THREADS, 1, 1), smem, stream, ctypes.addressof(args))
+    p.dp_tiles = pl.dp_tiles
+    if pl.dp_tiles < pl.units:
+        if _capturing(stream):  # a tail's workspace: outside graphs (see _capturing)
+            p.dp_tiles = pl.units
+        else:
+            p.sk_part, p.sk_flag, p.sk_epoch = _sk_workspace(pl.device, stream, pl.grid, pl.bn)
+    try:
+        if pl.cluster == 1:
+            driver.launchKernel(pl.kernel.kernel.ptr, pl.grid, 1, 1, THREADS, 1, 1, pl.smem, stream,
+                                ctypes.addressof(args), 0)
+        else:
+            cl, grid = pl.grid
+            cl.launch(grid, 1, (THREADS, 1, 1), pl.smem, stream, ctypes.addressof(args))
+    finally:
+        pl.spare.append((p, args))
+
+
+def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mode, out_kind, bias_dtype,
+         act, accumulate, device, stream):
+    """One launch, planned on the spot (``plan`` + ``launch``): ``act`` is -1 or an id of
+    cuda/common/act.cuh, ``accumulate`` makes it out += ...; the pointers as in ``launch``."""
+    launch(plan(M, N, K, fa, fb, mode, out_kind, bias_dtype, act, accumulate, device), a, b, out, bias, scale_a,
+           scale_b, out_scale, amax, stream)
 
 
 def _capturing(stream: int) -> bool:
