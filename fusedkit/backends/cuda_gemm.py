@@ -437,14 +437,6 @@ def launch(pl: GemmLaunch, a, b, out, bias, scale_a, scale_b, out_scale, amax, s
         pl.spare.append((p, args))
 
 
-def gemm(a, b, out, bias, scale_a, scale_b, out_scale, amax, M, N, K, fa, fb, mode, out_kind, bias_dtype,
-         act, accumulate, device, stream):
-    """One launch, planned on the spot (``plan`` + ``launch``): ``act`` is -1 or an id of
-    cuda/common/act.cuh, ``accumulate`` makes it out += ...; the pointers as in ``launch``."""
-    launch(plan(M, N, K, fa, fb, mode, out_kind, bias_dtype, act, accumulate, device), a, b, out, bias, scale_a,
-           scale_b, out_scale, amax, stream)
-
-
 def _capturing(stream: int) -> bool:
     """Whether the stream is capturing a CUDA graph (torch.cuda.graph, torch.compile's reduce-overhead
     mode, CuPy's Stream.begin_capture). A stream-K launch then splits no tail (its kernel walks every
