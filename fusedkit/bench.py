@@ -27,7 +27,7 @@ from ._version import __version__
 GPU_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384), (4096, 1024)]
 OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
 FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
-FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose"]
+FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose", "fp8_dequantize"]
 NORM_FP8_OPS = ["layer_norm_fp8_fwd", "rms_norm_fp8_fwd"]  # at FP8_SHAPES
 FP8_GRAD_OPS = ["fp8_cast_transpose_dbias", "fp8_dact_cast_transpose"]  # at FP8_SHAPES, bf16 -> e5m2
 ACT_WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336)]  # (op, M, H)
@@ -246,7 +246,8 @@ def _impls(torch, op, M, N, dtype):
 
 def _fp8_impls(torch, op, M, N, dtype):
     """FP8 E4M3 casts of bf16 x: fusedkit against torch eager / torch.compile doing the same math
-    (fp32 multiply, saturate, cast, amax; the transpose as a contiguous copy)."""
+    (fp32 multiply, saturate, cast, amax; the transpose as a contiguous copy); and the way back
+    (dequantize: decode, fp32 multiply by scale_inv, round to bf16)."""
     import fusedkit as fk
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(M, N, device="cuda", generator=g) * 100).to(dtype)
@@ -268,6 +269,15 @@ def _fp8_impls(torch, op, M, N, dtype):
             a = x_.abs().amax().float()
             s = torch.where(a > 0, fmax / a, torch.ones_like(a))
             return (x_.float() * s).clamp(-fmax, fmax).to(e4m3), a, 1.0 / s
+    elif op == "fp8_dequantize":   # E4M3 bytes -> bf16 (x's dtype): value x scale_inv, one rounding
+        t = fk.quantize(x, fmt="e4m3", scale=scale)
+        q, sinv = t.data.view(e4m3), t.scale_inv
+
+        def ours():
+            return fk.dequantize(t, x.dtype)
+
+        def peer(x_, s_):
+            return (q.float() * sinv).to(x_.dtype)
     else:
         def ours():
             return fk.cast_transpose(x, fmt="e4m3", scale=scale)

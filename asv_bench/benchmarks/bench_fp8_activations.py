@@ -10,6 +10,7 @@ CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
     "fp8_quantize_delayed": (16384, 8192),
     "fp8_quantize_current": (16384, 8192),
     "fp8_cast_transpose": (16384, 8192),
+    "fp8_dequantize": (16384, 8192),
     "fp8_cast_transpose_dbias": (16384, 8192),
     "fp8_dact_cast_transpose": (16384, 8192),
     "gelu_fwd": (16384, 8192),
@@ -26,6 +27,9 @@ def _call(op, x, scale):
         return lambda: fusedkit.quantize(x, fmt="e4m3")
     if op == "fp8_cast_transpose":
         return lambda: fusedkit.cast_transpose(x, fmt="e4m3", scale=scale)
+    if op == "fp8_dequantize":   # E4M3 bytes -> bf16
+        t = fusedkit.quantize(x, fmt="e4m3", scale=scale)
+        return lambda: fusedkit.dequantize(t, "bfloat16")
     if op == "fp8_cast_transpose_dbias":
         return lambda: fusedkit.cast_transpose_dbias(x, fmt="e5m2", scale=scale)
     if op == "fp8_dact_cast_transpose":  # dgelu + dbias; dy a second buffer (no L2 reuse of x)

@@ -88,3 +88,36 @@ class FP8Gemm:
 
     track_tflops.unit = "TFLOP/s"
     track_speedup_over_cublaslt.unit = "x cuBLASLt"
+
+
+class FP8GemmOverhead:
+    """Host time of one fp8_gemm call at 256^3 (a few microseconds of device work): the call cache's
+    path (fusedkit/_callcache.py) after the first call of the signature; plain bf16 output and the fused
+    bias + GeLU + E4M3 output with amax."""
+
+    rounds = 1  # as NormOverhead: asv's device budget
+    params = (["plain", "epilogue"],)
+    param_names = ("mode",)
+
+    def setup(self, mode):
+        try:
+            _framework("bfloat16")
+        except NotImplementedError:
+            raise NotImplementedError("no CUDA GPU through torch")
+        import torch
+
+        import fusedkit
+        x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+        a = b = fusedkit.quantize(x, fmt="e4m3")
+        bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+        out_scale = torch.full((1,), 0.5, device="cuda", dtype=torch.float32)
+        if mode == "plain":
+            self.call = lambda: fusedkit.fp8_gemm(a, b)
+        else:
+            self.call = lambda: fusedkit.fp8_gemm(a, b, bias=bias, activation="gelu", out_dtype="e4m3",
+                                                  out_scale=out_scale)
+        self.call()  # compile, load and plan outside the timing
+        torch.cuda.synchronize()
+
+    def time_overhead(self, mode):
+        self.call()

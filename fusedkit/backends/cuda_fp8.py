@@ -1,4 +1,5 @@
-"""CUDA launches for FP8 quantization (kernels in cuda/fp8_cast.cu). Pointers in, no syncs."""
+"""CUDA launches for FP8 quantization and dequantization (kernels in cuda/fp8_cast.cu, cuda/fp8_scaling.cu,
+cuda/fp8_dequantize.cu). Pointers in, no syncs."""
 from __future__ import annotations
 
 from .._dtypes import CXX, ITEMSIZE
@@ -8,6 +9,7 @@ from .cuda_activations import ACT_ID
 
 FILE = "fp8_cast.cu"
 SCALING_FILE = "fp8_scaling.cu"
+DEQUANT_FILE = "fp8_dequantize.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
 
@@ -196,6 +198,32 @@ def quantize_blocks_2d(x, out, scale_inv, M, K, x_dt, fmt, device, stream):
                                                                    x, out, scale_inv, M, K)
 
 
+# An FP8Tensor's scaling -> (BR, BC, E8M0) of cuda/fp8_dequantize.cu: the scale of element (r, c) is
+# scale[(r / BR) * scale_cols + c / BC] (a term left out where BR or BC is 0); E8M0 bytes or fp32.
+DEQUANT_MODES = {"tensor": (0, 0, False), "mxfp8": (1, 32, True), "mxfp8_cols": (32, 1, True),
+                 "block_1x128": (1, 128, False), "block_128x128": (128, 128, False)}
+
+
+def dequantize_expr(fmt, out_dt, vec, mode) -> str:
+    br, bc, e8m0 = DEQUANT_MODES[mode]
+    return (f"fk::fp8_dequantize<{FMT_CXX[fmt]}, {CXX[out_dt]}, {vec}, {br}, {bc}, "
+            f"{'true' if e8m0 else 'false'}>")
+
+
+def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device, stream):
+    """FP8 bytes ``x`` (rows x cols) to ``out`` (rows x cols of out_dt): out = value x the element's scale
+    (DEQUANT_MODES: a per-tensor fp32 scale_inv, MXFP8 E8M0 bytes row- or column-wise, 1 x 128 or 128 x
+    128 fp32 block scales; ``scale_cols``: the scale array's row length)."""
+    if rows * cols == 0:
+        return
+    vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
+    cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
+    gx = min(-(-cols // (vec * THREADS)), cap)
+    gy = max(1, min(rows, 65535, cap // gx))
+    launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode), "pppqqq", device)(
+        (gx, gy), (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
+
+
 def all_expressions():
     exprs = set()
     for x_dt in ("float32", "float16", "bfloat16"):
@@ -220,4 +248,6 @@ def all_expressions():
                 exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
                 for mx in (False, True):
                     exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
-    return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"]}
+    dequant = sorted(dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX
+                     for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES)
+    return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"], DEQUANT_FILE: dequant}

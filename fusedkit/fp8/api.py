@@ -1,4 +1,4 @@
-"""``fusedkit.quantize`` / ``fusedkit.cast_transpose`` / ``fusedkit.dequantize`` (per-tensor scaling).
+"""``fusedkit.quantize`` / ``fusedkit.cast_transpose`` / ``fusedkit.dequantize``.
 
 quantize(x, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor
   * ``scale`` given (a float, or a 1-element fp32 array of x's framework, e.g. from an amax history):
@@ -337,14 +337,74 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
     return history, scale, scale_inv
 
 
+_DEQUANT_OUT = ("float32", "bfloat16", "float16")
+
+
 def dequantize(t: FP8Tensor, dtype="float32"):
-    """FP8Tensor -> values in ``dtype`` (host tensors and CUDA torch tensors)."""
-    if isinstance(t.data, np.ndarray):
-        return t.dequantize(_dtypes.numpy_dtype(_dtypes.canonical(dtype)))
-    if type(t.data).__module__.split(".")[0] == "torch" and not t.data.is_cuda:
-        return _interop.from_numpy(t.dequantize(_dtypes.numpy_dtype(_dtypes.canonical(dtype))), "torch_cpu")
-    if type(t.data).__module__.split(".")[0] == "torch":
-        import torch
-        fp8 = torch.float8_e4m3fn if t.fmt.name == "e4m3" else torch.float8_e5m2
-        return (t.data.view(fp8).float() * t.scale_inv).to(getattr(torch, _dtypes.canonical(dtype)))
-    raise NotImplementedError("fusedkit.dequantize on CuPy arrays is not implemented yet (issue 4)")
+    """FP8Tensor -> its values in ``dtype`` ("float32", "bfloat16" or "float16"), as an array of the
+    framework of ``t.data``: ``fp8_value(data) * scale`` rounded once to ``dtype``, with the scale of each
+    element's scaling (per tensor ``scale_inv``; MXFP8 E8M0 blocks of 32 along the rows or, for
+    ``block=(32, 1)``, down the columns; 1 x 128 or 128 x 128 fp32 block scales). Host arrays use the
+    reference; CuPy arrays and CUDA torch tensors the kernel of cuda/fp8_dequantize.cu (one pass)."""
+    if not isinstance(t, FP8Tensor):
+        raise TypeError(f"fusedkit.dequantize expects an FP8Tensor (fusedkit.quantize(...)), got {type(t).__name__}")
+    try:
+        out_dt = _dtypes.canonical(dtype)
+    except TypeError:
+        out_dt = str(dtype)
+    if out_dt not in _DEQUANT_OUT:
+        raise ValueError(f"fusedkit.dequantize: dtype must be one of {', '.join(_DEQUANT_OUT)}, got {dtype!r}")
+    kind = _interop.framework(t.data)
+    if kind in _HOST:
+        host = FP8Tensor(_interop.to_numpy(t.data, kind), _host_scale(t.scale_inv, kind), t.fmt, mode=t.mode,
+                         block=t.block)
+        return _interop.from_numpy(host.dequantize(_dtypes.numpy_dtype(out_dt)), kind)
+    if kind == _interop.JAX:
+        raise NotImplementedError("fusedkit.dequantize on JAX GPU arrays is not implemented yet (issue 4)")
+    from ..backends import cuda_fp8
+    X = _interop.view(t.data, kind, "t.data")
+    if X.dtype != "uint8":
+        raise TypeError(f"fusedkit.dequantize: `t.data` must hold FP8 bytes (uint8), got {X.dtype}")
+    cols = X.shape[-1] if X.shape else 1
+    rows = X.size // cols if cols else 0
+    mode, (srows, scols), sdt = _dequant_scales(t, rows, cols)
+    s = t.scale_inv
+    if mode == "tensor" and not (hasattr(s, "shape") and _interop.framework(s) == kind):
+        s, _ = _interop.full(kind, X, (1,), "float32", float(np.float32(np.asarray(s).reshape(()))))
+    if _interop.framework(s) != kind:
+        raise TypeError(f"fusedkit.dequantize: `t.scale_inv` must be a {kind} array like `t.data` (or a "
+                        f"float, per-tensor scaling), got {type(s).__name__}")
+    S = _interop.view(s, kind, "t.scale_inv")
+    if S.dtype != sdt or S.size != srows * scols:
+        raise ValueError(f"fusedkit.dequantize: `t.scale_inv` of this {mode} FP8Tensor must hold {srows} x {scols} "
+                         f"{sdt} values for data of shape {tuple(X.shape)}, got {tuple(S.shape)} {S.dtype}")
+    _interop.same_device([X, S])
+    out, op = _interop.empty(kind, X, tuple(X.shape), out_dt)
+    cuda_fp8.dequantize(X.ptr, S.ptr, op, rows, cols, scols, t.fmt.name, out_dt, mode, X.device,
+                        _interop.stream(kind, X.device))
+    return out
+
+
+def _host_scale(s, kind):
+    """A scale_inv of a host FP8Tensor as NumPy (floats and NumPy values as they are)."""
+    if hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic)):
+        return _interop.to_numpy(s, kind)
+    return s
+
+
+def _dequant_scales(t, rows, cols):
+    """(cuda_fp8.DEQUANT_MODES key, the scale grid (rows, cols), its dtype) of a device FP8Tensor."""
+    if t.mode == "tensor":
+        return "tensor", (1, 1), "float32"
+    block = tuple(t.block) if isinstance(t.block, (tuple, list)) else t.block
+    if t.mode == "mxfp8" and block in (None, 32, (1, 32)):
+        return "mxfp8", (rows, -(-cols // 32)), "uint8"
+    if t.mode == "mxfp8" and block == (32, 1):
+        return "mxfp8_cols", (-(-rows // 32), cols), "uint8"
+    if t.mode == "block" and block == (1, 128):
+        return "block_1x128", (rows, -(-cols // 128)), "float32"
+    if t.mode == "block" and block == (128, 128):
+        return "block_128x128", (-(-rows // 128), -(-cols // 128)), "float32"
+    raise ValueError(f"fusedkit.dequantize: no kernel for scaling mode {t.mode!r} with block {t.block!r} "
+                     f"(supported: per tensor, MXFP8 blocks of 32 along rows or (32, 1) down columns, 1 x 128 "
+                     f"and 128 x 128 blocks)")

@@ -118,8 +118,9 @@ def mxfp8_dequantize_columnwise(data, scales, fmt="e4m3", block=32, dtype=np.flo
 def mxfp8_dequantize(data, scales, fmt="e4m3", block=32, dtype=np.float32):
     vals = fp8_to_float(data, fmt)
     b, K = _blocks_last(vals, block)
-    s = np.ldexp(F32(1.0), scales.astype(np.int32) - 127).astype(F32)[..., None]
-    return (b * s).reshape(b.shape[:-2] + (-1,))[..., :K].astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # E8M0 byte 255 -> inf (0 x inf -> NaN), as intended
+        s = np.ldexp(F32(1.0), scales.astype(np.int32) - 127).astype(F32)[..., None]
+        return (b * s).reshape(b.shape[:-2] + (-1,))[..., :K].astype(dtype)
 
 
 def quantize_blockwise(x, block=(1, 128), fmt="e4m3"):

@@ -1,0 +1,88 @@
+// fusedkit/cuda/fp8_dequantize.cu -- FP8 bytes back to values: out = round_OUT(fp8_value * scale), one pass
+// (issue 4: fusedkit.dequantize on device arrays, every scaling mode of an FP8Tensor).
+//
+// fp8_dequantize<F, OUT, VEC, BR, BC, E8M0>: the bytes viewed as rows x cols (cols = the last dim); the
+// scale of element (r, c) is scale[(r / BR) * scale_cols + c / BC], a term left out where BR or BC is 0:
+//   per tensor            BR = 0,   BC = 0    (one fp32 scale_inv)
+//   MXFP8 rows            BR = 1,   BC = 32   (E8M0 bytes, (rows, ceil(cols / 32)))
+//   MXFP8 columns         BR = 32,  BC = 1    (E8M0 bytes, (ceil(rows / 32), cols): Transformer Engine's
+//                                              columnwise layout, data still (rows, cols))
+//   1 x 128 blocks        BR = 1,   BC = 128  (fp32 scale_inv, (rows, ceil(cols / 128)))
+//   128 x 128 blocks      BR = 128, BC = 128  (fp32 scale_inv, (ceil(rows / 128), ceil(cols / 128)))
+// An E8M0 byte e is 2^(e - 127) (e = 255: +inf, as the reference's ldexp gives; e = 0: 2^-127, a
+// subnormal). Grid: x over each row's VEC-element vectors (grid-stride), y over rows (grid-stride).
+// VEC = 8 when cols % 8 == 0 and the bytes are 8-byte and the output 16-byte aligned (one 8-byte load,
+// 16-byte stores), else 1. With VEC = 8 the vector's elements share one scale unless BC = 1.
+// Numerics, as fusedkit.reference.fp8: the FP8 value decoded exactly, one fp32 multiply (no
+// contraction: there is nothing to contract), one RNE rounding to OUT. Decoding goes through fp16, which
+// holds every E4M3 and E5M2 value: E5M2 is the upper byte of an fp16; E4M3's 7 magnitude bits shifted
+// left by 7 are an fp16 of 2^-8 times its value (subnormals included), scaled back by 256 in fp32
+// (exact); E4M3's NaN (magnitude 0x7F) is set apart. No arch-specific instruction: the same code on
+// sm_80, sm_90a and sm_100a.
+// Bytes: MN read + MN * sizeof(OUT) written (3MN for bf16 output), plus the scales (MN / 32 at most).
+#include "common/dtypes.cuh"
+#include "common/fp8.cuh"
+#include "common/vec.cuh"
+
+namespace fk {
+
+template <typename F>
+__device__ __forceinline__ float fp8_to_float(unsigned b) {
+  if constexpr (F::MAN == 2) {
+    return to_float(f16{(unsigned short)(b << 8)});
+  } else {
+    const unsigned mag = b & 0x7Fu;
+    float v = to_float(f16{(unsigned short)(mag << 7)}) * 256.f;
+    if (mag == 0x7Fu) v = __uint_as_float(0x7FC00000u);
+    return (b & 0x80u) ? -v : v;
+  }
+}
+
+template <bool E8M0>
+__device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
+  if constexpr (E8M0) {
+    const unsigned e = __ldg(static_cast<const unsigned char*>(scale) + i);
+    return __uint_as_float(e ? e << 23 : 0x00400000u);
+  } else {
+    return __ldg(static_cast<const float*>(scale) + i);
+  }
+}
+
+template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
+__global__ void __launch_bounds__(256)
+fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ scale, OUT* __restrict__ out,
+               long long rows, long long cols, long long scale_cols) {
+  static_assert(VEC == 1 || VEC == 8, "one byte, or eight bytes per thread");
+  static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % 8 == 0, "a vector shares its scale unless BC = 1");
+  const long long step = (long long)gridDim.x * blockDim.x * VEC;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long srow = BR ? (r / BR) * scale_cols : 0;
+    const unsigned char* xr = x + r * cols;
+    OUT* orow = out + r * cols;
+    for (long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; c < cols; c += step) {
+      if constexpr (VEC == 1) {
+        const float s = dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
+        orow[c] = from_float<OUT>(__fmul_rn(fp8_to_float<F>(xr[c]), s));
+      } else {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + c));
+        float v[8];
+        const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const unsigned b = ((j < 4 ? raw.x : raw.y) >> (8 * (j & 3))) & 0xFFu;
+          const float s = BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0;
+          v[j] = __fmul_rn(fp8_to_float<F>(b), s);
+        }
+        if constexpr (sizeof(OUT) == 4) {
+          float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
+          store_floats<OUT, 4>(orow + c, lo);
+          store_floats<OUT, 4>(orow + c + 4, hi);
+        } else {
+          store_floats<OUT, 8>(orow + c, v);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fk
