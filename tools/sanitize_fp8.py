@@ -1,6 +1,6 @@
 """Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
 without vector paths, cast_transpose_dbias, dact_cast_transpose, MXFP8 row- and column-wise, 1x128 and
-128x128 blocks, the scale update) and the activation kernels (forward, FP8 forward, backward; gated and
+128x128 blocks, the scale update, dequantize of each mode) and the activation kernels (forward, FP8 forward, backward; gated and
 not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a result that differs from the CPU
 reference (activations: beyond a loose tolerance)."""
 import cupy
@@ -40,6 +40,15 @@ for dtype in ("float32", "float16"):
         check(f"1x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (1, 128), "e4m3")[0])
         t = fk.quantize(X, fmt="e4m3", recipe=fp8.BlockScaling(), weight=True)
         check(f"128x128 {dtype} {shape}", t.data.get(), ref.quantize_blockwise(x, (128, 128), "e4m3")[0])
+        # dequantize (cuda/fp8_dequantize.cu) of every scaling mode, vector and scalar paths
+        for rec, kw in ((None, {}), (fp8.MXFP8Scaling(), {}), (fp8.MXFP8Scaling(), {"columnwise": True}),
+                        (fp8.BlockScaling(), {}), (fp8.BlockScaling(), {"weight": True})):
+            t = fk.quantize(X, fmt="e4m3", recipe=rec, **kw)
+            host = fp8.FP8Tensor(t.data.get(), t.scale_inv.get() if hasattr(t.scale_inv, "get") else t.scale_inv,
+                                 t.fmt, mode=t.mode, block=t.block)
+            want = host.dequantize(np.float32)
+            got = fk.dequantize(t, "float32").get()
+            check(f"dequantize {t.mode} {t.block} {dtype} {shape}", np.nan_to_num(got), np.nan_to_num(want))
 # fp8_ct_tile: cast_transpose (fast path), cast_transpose_dbias (16-byte and scalar loads, several blocks
 # per column strip), dact_cast_transpose (fused, and the fp32-g fallback), delayed and current scaling
 for dtype in ("float32", "float16"):
