@@ -386,7 +386,8 @@ def plan(M, N, K, fa, fb, mode, out_kind, bias_dtype, act, accumulate, device) -
     kernel_walk = "dp" if walk == "dp" else "sk"   # "sk_notail": the stream-K kernel, no tail
     k = _kernel(expr(fa, fb, bn, mode, out_kind, stages, cluster, store, kernel_walk), device, smem)
     pl = GemmLaunch()
-    pl.kernel, pl.device, pl.smem, pl.cluster, pl.bn, pl.store, pl.out_kind = k, device, smem, cluster, bn, store, out_kind
+    pl.kernel, pl.device, pl.smem, pl.cluster = k, device, smem, cluster
+    pl.bn, pl.store, pl.out_kind = bn, store, out_kind
     pl.units, pl.dp_tiles = units, sk_split(units, grid) if walk == "sk" else units
     t = pl.template = _Params()
     t.M, t.N, t.K = M, N, K
