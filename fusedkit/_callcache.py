@@ -241,19 +241,8 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
     if plan is None:
         return None
     dev = plan.device
-    ptrs = []
-    for a in (dy, x, weight, mean, rstd):
-        if a is None:
-            ptrs.append(0)
-            continue
-        if is_cupy:
-            ok, p = _c_contiguous(a) and a.data.device_id == dev, a.data.ptr
-        else:
-            ok, p = a.is_contiguous() and a.get_device() == dev, a.data_ptr()
-        if not ok:
-            return None
-        ptrs.append(p)
-    if (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+    ptrs = _device_ptrs((dy, x, weight, mean, rstd), is_cupy, dev)
+    if ptrs is None or (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
         return None
     if is_cupy:
         cupy = _cupy
@@ -300,6 +289,23 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
         fn, grid, block = plan.colsum
         fn.launch_current(grid, block, 0, sp, pp, P, N, o0, o1)
     return (dx, dw) if plan.rms else (dx, dw, db)
+
+
+def _device_ptrs(arrays, is_cupy, dev):
+    """The arrays' device pointers (0 for None), or None when one is not contiguous or not on ``dev``."""
+    ptrs = []
+    for a in arrays:
+        if a is None:
+            ptrs.append(0)
+            continue
+        if is_cupy:
+            ok, p = _c_contiguous(a) and a.data.device_id == dev, a.data.ptr
+        else:
+            ok, p = a.is_contiguous() and a.get_device() == dev, a.data_ptr()
+        if not ok:
+            return None
+        ptrs.append(p)
+    return ptrs
 
 
 def _ptr(a) -> int:
@@ -396,18 +402,9 @@ def fp8_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into, spli
     if plan is None:
         return None
     dev = plan.device
-    ptrs = []
-    for x in (a.data, b.data, a.scale_inv, b.scale_inv, bias, out_scale, accumulate_into):
-        if x is None:
-            ptrs.append(0)
-            continue
-        if is_cupy:
-            ok, p = _c_contiguous(x) and x.data.device_id == dev, x.data.ptr
-        else:
-            ok, p = x.is_contiguous() and x.get_device() == dev, x.data_ptr()
-        if not ok:
-            return None
-        ptrs.append(p)
+    ptrs = _device_ptrs((a.data, b.data, a.scale_inv, b.scale_inv, bias, out_scale, accumulate_into), is_cupy, dev)
+    if ptrs is None:
+        return None
     pa, pb, psa, psb, pbias, pos, pacc = ptrs
     if (pa | pb) & 15 or pacc % plan.acc_align:
         return None
