@@ -550,6 +550,7 @@ def run_gpu(args):
                 print(f"  fp8_gemm host overhead failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
         if not args.only or "overhead" in args.only:
             rows.extend(overhead_rows(torch))
+            rows.extend(fp8_overhead_rows(torch))
 
     partial = measure_until_sigterm(measure, rows)
     prog.close()
@@ -690,6 +691,25 @@ def overhead_rows(torch, n=2000):
     return [{"op": "layer_norm_fwd_host_overhead", "shape": [4, 1024],
              "dtype": "float32" if "cupy" in impl else "bfloat16", "impl": impl,
              "ms": _host_ms(torch, fn, n), "GBps": None, "TFLOPs": None} for impl, fn in cases.items()]
+
+
+def fp8_overhead_rows(torch, n=2000):
+    """Per-call host time of the FP8 casts at 4 x 1024 (torch tensors): a delayed-scaling quantize
+    (fusedkit against torch eager's scale, saturate, cast and amax) and LayerNorm with FP8 output. Their
+    calls have no call cache yet: these rows tell whether small layers are host-bound there."""
+    import fusedkit as fk
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    scale = torch.full((1,), 0.5, device="cuda")
+
+    def eager_quantize():
+        return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), x.abs().amax().float()
+    cases = [("fp8_quantize_host_overhead", "fusedkit_torch", lambda: fk.quantize(x, fmt="e4m3", scale=scale)),
+             ("fp8_quantize_host_overhead", "torch_eager", eager_quantize),
+             ("layer_norm_fp8_fwd_host_overhead", "fusedkit_torch",
+              lambda: fk.layer_norm(x, w, fp8_fmt="e4m3", fp8_scale=scale))]
+    return [{"op": op, "shape": [4, 1024], "dtype": "bfloat16", "impl": impl, "ms": _host_ms(torch, fn, n),
+             "GBps": None, "TFLOPs": None} for op, impl, fn in cases]
 
 
 def gemm_overhead_rows(torch, n=1000):
