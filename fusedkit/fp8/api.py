@@ -24,6 +24,7 @@ from .recipes import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling,
 from .tensor import FP8Tensor
 
 _HOST = _interop.HOST_KINDS
+_CURRENT = CurrentScaling()  # the default recipe (frozen): built once, not per call (3 us a call)
 
 
 def cast_transpose(x, *, fmt="e4m3", scale=None, recipe=None, amax_out=None) -> FP8Tensor:
@@ -57,7 +58,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError("fusedkit.quantize: recipe must be CurrentScaling, MXFP8Scaling or BlockScaling; "
                         "for delayed scaling pass the scale from your amax history as `scale=`")
-    rec = recipe or CurrentScaling()
+    rec = recipe or _CURRENT
     kind = _interop.framework(x)
     x_dt = _dtypes.canonical(x.dtype)
     if kind in _HOST:
@@ -152,7 +153,7 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
     if recipe is not None and not isinstance(recipe, CurrentScaling):
         raise TypeError(f"{who}: recipe must be None or a CurrentScaling; for delayed scaling pass the scale "
                         f"from your amax history as `scale=` (block-scaled recipes are not fused here)")
-    rec = recipe or CurrentScaling()
+    rec = recipe or _CURRENT
     if activation is not None and activation not in _ref.DACT_KINDS:
         raise ValueError(f"{who}: activation must be one of {', '.join(_ref.DACT_KINDS)}, got {activation!r}")
     kind = _interop.framework(dy)
