@@ -12,7 +12,8 @@
 #   bounds the abopts stage (GEMM cases compile for minutes: give them more). GEMMSWEEP_TIMEOUT (default
 #   200 s) bounds gemmsweep (FK_SCHEDS=dp,sk doubles its rows: give it ~320; FK_SHAPES="MxKxN,..." keeps
 #   some of its five shapes).
-#   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all);
+#   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all;
+#   $OUT/test_times.tsv gets a line per test as it ends, and pytest.log a per-file summary);
 #   TEST_OPTIONS="-DX=1" builds its kernels with those NVRTC defines (the other stages keep the shipped ones).
 #   BENCH_WINNERS=1: the bench stage runs with the sweep stage's fastest backward configs in place
 #   (tools/bench_sweep_winners.py; sweep and confirmation in one call).
@@ -57,8 +58,13 @@ if has test; then
     if [[ "${PYTEST_ARGS:-}" == *fp8_gemm* ]]; then  # its GEMM kernels compiled in parallel, not one by one
       timeout $(left 150) python3 tools/precompile_gemm.py > "$OUT/test_precompile.log" 2>&1
     fi
-    timeout $(left ${TEST_TIMEOUT:-420}) python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} -k "$K" -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
-    echo "pytest rc=$?" >> "$OUT/pytest.log" ) & pids+=($!)
+    FUSEDKIT_TEST_TIMES="$OUT/test_times.tsv" timeout $(left ${TEST_TIMEOUT:-420}) python3 -m pytest -q -p no:cacheprovider \
+      ${PYTEST_ARGS:-tests} -k "$K" -rs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?" >> "$OUT/pytest.log"
+    # per file: tests ended, failures, seconds (survives a timeout, unlike the junit file)
+    [ -f "$OUT/test_times.tsv" ] && awk -F'\t' '{split($1, p, "::"); n[p[1]]++; t[p[1]] += $4;
+        if ($3 == "failed") f[p[1]]++} END {for (k in n) printf "  %-40s %6d tests %4d failed %7.1f s\n", k, n[k], f[k], t[k]}' \
+        "$OUT/test_times.tsv" | sort >> "$OUT/pytest.log" ) & pids+=($!)
 fi
 if has sanitize; then
   # SANITIZE lists the scripts (tools/sanitize_<name>.py); each runs under memcheck, then racecheck
