@@ -21,7 +21,7 @@ from ..reference import fp8 as _ref
 from . import _amax
 from .formats import as_format
 from .recipes import BlockScaling, CurrentScaling, DelayedScaling, MXFP8Scaling, delayed_scale, update_amax_history
-from .tensor import FP8Tensor
+from .tensor import FP8Tensor, host_copy
 
 _HOST = _interop.HOST_KINDS
 _CURRENT = CurrentScaling()  # the default recipe (frozen): built once, not per call (3 us a call)
@@ -357,9 +357,7 @@ def dequantize(t: FP8Tensor, dtype="float32"):
         raise ValueError(f"fusedkit.dequantize: dtype must be one of {', '.join(_DEQUANT_OUT)}, got {dtype!r}")
     kind = _interop.framework(t.data)
     if kind in _HOST:
-        host = FP8Tensor(_interop.to_numpy(t.data, kind), _host_scale(t.scale_inv, kind), t.fmt, mode=t.mode,
-                         block=t.block)
-        return _interop.from_numpy(host.dequantize(_dtypes.numpy_dtype(out_dt)), kind)
+        return _interop.from_numpy(host_copy(t, kind).dequantize(_dtypes.numpy_dtype(out_dt)), kind)
     if kind == _interop.JAX:
         raise NotImplementedError("fusedkit.dequantize on JAX GPU arrays is not implemented yet (issue 4)")
     from ..backends import cuda_fp8
@@ -384,13 +382,6 @@ def dequantize(t: FP8Tensor, dtype="float32"):
     cuda_fp8.dequantize(X.ptr, S.ptr, op, rows, cols, scols, t.fmt.name, out_dt, mode, X.device,
                         _interop.stream(kind, X.device))
     return out
-
-
-def _host_scale(s, kind):
-    """A scale_inv of a host FP8Tensor as NumPy (floats and NumPy values as they are)."""
-    if hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic)):
-        return _interop.to_numpy(s, kind)
-    return s
 
 
 def _dequant_scales(t, rows, cols):

@@ -24,7 +24,7 @@ from .. import _callcache, _dtypes, _interop
 from .._launch import cupy_stream
 from ..reference import gemm as _ref
 from .formats import as_format
-from .tensor import FP8Tensor
+from .tensor import FP8Tensor, host_copy, host_scale
 
 _HOST = _interop.HOST_KINDS
 WHO = "fusedkit.fp8_gemm"
@@ -146,24 +146,16 @@ def fp8_gemm(a: FP8Tensor, b: FP8Tensor, *, out_dtype="bfloat16", bias=None, act
 
 
 def _host(a, b, kind, bias, out_scale, accumulate_into, kw):
-    def np_t(t):
-        return FP8Tensor(_interop.to_numpy(t.data, kind), np.asarray(_host_scale(t.scale_inv, kind)), t.fmt,
-                         mode=t.mode, block=t.block)
     acc = _interop.to_numpy(accumulate_into, kind) if accumulate_into is not None else None
-    res = _ref.fp8_gemm(np_t(a), np_t(b), bias=_interop.to_numpy(bias, kind) if bias is not None else None,
-                        out_scale=None if out_scale is None else np.asarray(_host_scale(out_scale, kind)),
+    res = _ref.fp8_gemm(host_copy(a, kind), host_copy(b, kind),
+                        bias=_interop.to_numpy(bias, kind) if bias is not None else None,
+                        out_scale=None if out_scale is None else np.asarray(host_scale(out_scale, kind)),
                         accumulate_into=acc, **kw)
     if accumulate_into is not None:
         return accumulate_into  # written in place through the shared-memory view
     if isinstance(res, FP8Tensor):
         return FP8Tensor(_interop.from_numpy(res.data, kind), res.scale_inv, res.fmt, res.amax)
     return _interop.from_numpy(res, kind)
-
-
-def _host_scale(s, kind):
-    if hasattr(s, "shape") and not isinstance(s, np.ndarray) and not np.isscalar(s):
-        return _interop.to_numpy(s, kind) if _interop.framework(s) in _HOST else s
-    return s
 
 
 # ----------------------------------------------------------------------------------------------------

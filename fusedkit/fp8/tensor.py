@@ -45,3 +45,19 @@ class FP8Tensor:
         si = self.scale_inv if np.ndim(self.scale_inv) == 0 else f"<{np.shape(self.scale_inv)}>"
         return (f"FP8Tensor(shape={self.shape}, fmt={self.fmt.name}, mode={self.mode}{extra}, "
                 f"scale_inv={si}, amax={self.amax}{', +transpose' if self.data_t is not None else ''})")
+
+
+def host_scale(s, kind: str):
+    """A scale (scale_inv, out_scale) of a host-framework call as NumPy: arrays of a host framework
+    (CPU torch, CPU JAX, DLPack) converted, floats and NumPy values as they are."""
+    from .. import _interop
+    if hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic)):
+        return _interop.to_numpy(s, kind) if _interop.framework(s) in _interop.HOST_KINDS else s
+    return s
+
+
+def host_copy(t: FP8Tensor, kind: str) -> FP8Tensor:
+    """``t`` with NumPy bytes and scales (its data of host framework ``kind``), for the CPU reference."""
+    from .. import _interop
+    return FP8Tensor(_interop.to_numpy(t.data, kind), np.asarray(host_scale(t.scale_inv, kind)), t.fmt,
+                     mode=t.mode, block=t.block)
