@@ -216,12 +216,19 @@ def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device,
     128 fp32 block scales; ``scale_cols``: the scale array's row length)."""
     if rows * cols == 0:
         return
-    vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
-    cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
-    gx = min(-(-cols // (vec * THREADS)), cap)
-    gy = max(1, min(rows, 65535, cap // gx))
+    vec = dequantize_vec(cols, x, out)
+    grid = grid_stride_blocks(-(-rows * (cols // vec) // 2), THREADS, device)   # two vectors per thread and pass
     launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode), "pppqqq", device)(
-        (gx, gy), (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
+        grid, (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
+
+
+def dequantize_vec(cols, x, out) -> int:
+    """Bytes per vector of the dequantize kernel: 16 or 8 where rows of ``cols`` and the pointers allow
+    (the output 16-byte aligned either way), else 1."""
+    for vec in (16, 8):
+        if cols % vec == 0 and x % vec == 0 and out % 16 == 0:
+            return vec
+    return 1
 
 
 def all_expressions():
@@ -249,5 +256,5 @@ def all_expressions():
                 for mx in (False, True):
                     exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
     dequant = sorted(dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX
-                     for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES)
+                     for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8, 16) for mode in DEQUANT_MODES)
     return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"], DEQUANT_FILE: dequant}
