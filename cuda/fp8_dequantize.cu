@@ -11,10 +11,9 @@
 //   128 x 128 blocks      BR = 128, BC = 128  (fp32 scale_inv, (ceil(rows / 128), ceil(cols / 128)))
 // An E8M0 byte e is 2^(e - 127) (e = 255: +inf, as the reference's ldexp gives; e = 0: 2^-127, a
 // subnormal). Grid: one dimension, grid-stride over the tensor's VEC-byte vectors (row and column from
-// the flat index, with a division, only where the scales need them). VEC = 16 when cols % 16 == 0 and
-// the bytes and the output are 16-byte aligned (one 16-byte load, 16-byte stores), else 8 when
-// cols % 8 == 0 and the bytes are 8-byte aligned, else 1. A vector's elements share one scale unless
-// BC = 1.
+// the flat index, with a division, only where the scales need them). VEC = 8 when cols % 8 == 0 and
+// the bytes are 8-byte and the output 16-byte aligned (one 8-byte load, 16-byte stores), else 1. A
+// vector's elements share one scale unless BC = 1.
 // Numerics, as fusedkit.reference.fp8: the FP8 value decoded exactly, one fp32 multiply (no
 // contraction: there is nothing to contract), one RNE rounding to OUT. Decoding goes through fp16, which
 // holds every E4M3 and E5M2 value: E5M2 is the upper byte of an fp16; E4M3's 7 magnitude bits shifted
@@ -68,17 +67,14 @@ __device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
   }
 }
 
-// VEC bytes of x as a vector (VEC = 16: one 16-byte load, 8: one 8-byte load, 1: one byte), as words
+// VEC bytes of x as a vector (VEC = 8: one 8-byte load, 1: one byte), as words
 template <int VEC> struct FP8Vec { unsigned w[VEC / 4]; };
 template <> struct FP8Vec<1> { unsigned w[1]; };
 
 template <int VEC>
 __device__ __forceinline__ FP8Vec<VEC> load_fp8_vec(const unsigned char* __restrict__ p) {
   FP8Vec<VEC> v;
-  if constexpr (VEC == 16) {
-    const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
-    v.w[0] = r.x; v.w[1] = r.y; v.w[2] = r.z; v.w[3] = r.w;
-  } else if constexpr (VEC == 8) {
+  if constexpr (VEC == 8) {
     const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
     v.w[0] = r.x; v.w[1] = r.y;
   } else {
@@ -115,23 +111,29 @@ __device__ __forceinline__ void dequantize_vec(const FP8Vec<VEC>& raw, long long
 }
 
 // Flat grid-stride walk over the VEC-byte vectors of x (rows * cols / VEC of them: cols % VEC == 0, so a
-// vector never crosses a row); each thread loads two vectors (i, i + stride) before converting either,
-// so 32 bytes of x are in flight per thread with VEC = 16 (the first version, one 8-byte load per thread
-// and pass, read 0.87 of copy on the H200 where torch.compile's elementwise kernel reads 0.94).
+// vector never crosses a row); each thread loads UNROLL vectors (i, i + stride, ...) before converting
+// any, so 32 bytes of x are in flight per thread with VEC = 8, and each store instruction of a warp still
+// writes one contiguous 512-byte run (bf16 out). Measured (tools/gpu_check.sh bench, fp8_dequantize, of
+// copy / against torch.compile): one 8-byte vector per thread and pass 0.867 / 0.92x on the H200; one
+// pass of two 16-byte vectors per thread, each lane storing 32 bytes as two 16-byte halves 32 bytes
+// apart, 0.706 / 0.74x on the H100.
 template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
 __global__ void __launch_bounds__(256)
 fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ scale, OUT* __restrict__ out,
                long long rows, long long cols, long long scale_cols) {
-  static_assert(VEC == 1 || VEC == 8 || VEC == 16, "one byte, or 8 or 16 bytes per vector");
+  static_assert(VEC == 1 || VEC == 8, "one byte, or 8 bytes per vector");
   static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % VEC == 0, "a vector shares its scale unless BC = 1");
+  constexpr int UNROLL = 4;
   const long long nvec = rows * (cols / VEC), stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += 2 * stride) {
-    const bool second = i + stride < nvec;
-    const FP8Vec<VEC> a = load_fp8_vec<VEC>(x + i * VEC);
-    FP8Vec<VEC> b;
-    if (second) b = load_fp8_vec<VEC>(x + (i + stride) * VEC);
-    dequantize_vec<F, OUT, VEC, BR, BC, E8M0>(a, i * VEC, scale, out, cols, scale_cols);
-    if (second) dequantize_vec<F, OUT, VEC, BR, BC, E8M0>(b, (i + stride) * VEC, scale, out, cols, scale_cols);
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += UNROLL * stride) {
+    FP8Vec<VEC> raw[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+      if (i + u * stride < nvec) raw[u] = load_fp8_vec<VEC>(x + (i + u * stride) * VEC);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+      if (i + u * stride < nvec)
+        dequantize_vec<F, OUT, VEC, BR, BC, E8M0>(raw[u], (i + u * stride) * VEC, scale, out, cols, scale_cols);
   }
 }
 

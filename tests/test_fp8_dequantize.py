@@ -67,7 +67,7 @@ def on_backend(t, backend):
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("out", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("mode,block", list(MODES), ids=MODE_IDS)
-# the kernel's vector widths: 1 byte ((1, 1), (7, 13), (130, 300)), 8 bytes ((65, 200)), 16 bytes
+# the kernel's vector widths: 1 byte ((1, 1), (7, 13), (130, 300)), 8 bytes (the others)
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (33, 96), (65, 200), (130, 300), (257, 1024)], ids=str)
 def test_dequantize_matches_reference(backend, fmt, out, mode, block, shape):
     skip_unsupported(backend, out)
@@ -84,7 +84,7 @@ def test_dequantize_matches_reference(backend, fmt, out, mode, block, shape):
 @pytest.mark.parametrize("shape", [(4099, 4096), (2051, 8200)], ids=str)
 def test_dequantize_large_grid_walks(backend, mode, block, shape):
     """Tensors of more vectors than the grid has threads: the grid-stride walk takes several passes,
-    the last with threads whose second vector is past the end (16- and 8-byte vectors)."""
+    the last with threads whose later vectors are past the end."""
     rng = rng_for("dq_large", backend, mode, block, shape)
     t = fp8_tensor(rng, shape, "e4m3", mode, block)
     got = fk.dequantize(on_backend(t, backend), "float16")
