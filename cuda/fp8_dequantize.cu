@@ -10,10 +10,9 @@
 //   1 x 128 blocks        BR = 1,   BC = 128  (fp32 scale_inv, (rows, ceil(cols / 128)))
 //   128 x 128 blocks      BR = 128, BC = 128  (fp32 scale_inv, (ceil(rows / 128), ceil(cols / 128)))
 // An E8M0 byte e is 2^(e - 127) (e = 255: +inf, as the reference's ldexp gives; e = 0: 2^-127, a
-// subnormal). Grid: one dimension, grid-stride over the tensor's VEC-byte vectors (row and column from
-// the flat index, with a division, only where the scales need them). VEC = 8 when cols % 8 == 0 and
-// the bytes are 8-byte and the output 16-byte aligned (one 8-byte load, 16-byte stores), else 1. A
-// vector's elements share one scale unless BC = 1.
+// subnormal). Grid: x over each row's VEC-element vectors (grid-stride), y over rows (grid-stride).
+// VEC = 8 when cols % 8 == 0 and the bytes are 8-byte and the output 16-byte aligned (one 8-byte load,
+// 16-byte stores), else 1. With VEC = 8 the vector's elements share one scale unless BC = 1.
 // Numerics, as fusedkit.reference.fp8: the FP8 value decoded exactly, one fp32 multiply (no
 // contraction: there is nothing to contract), one RNE rounding to OUT. Decoding goes through fp16, which
 // holds every E4M3 and E5M2 value: E5M2 is the upper byte of an fp16; E4M3's 7 magnitude bits shifted
@@ -67,73 +66,43 @@ __device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
   }
 }
 
-// VEC bytes of x as a vector (VEC = 8: one 8-byte load, 1: one byte), as words
-template <int VEC> struct FP8Vec { unsigned w[VEC / 4]; };
-template <> struct FP8Vec<1> { unsigned w[1]; };
-
-template <int VEC>
-__device__ __forceinline__ FP8Vec<VEC> load_fp8_vec(const unsigned char* __restrict__ p) {
-  FP8Vec<VEC> v;
-  if constexpr (VEC == 8) {
-    const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
-    v.w[0] = r.x; v.w[1] = r.y;
-  } else {
-    v.w[0] = __ldg(p);
-  }
-  return v;
-}
-
-// The VEC values of flat element e (the vector's first; it lies in one row) out to out + e.
-template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
-__device__ __forceinline__ void dequantize_vec(const FP8Vec<VEC>& raw, long long e, const void* __restrict__ scale,
-                                               OUT* __restrict__ out, long long cols, long long scale_cols) {
-  long long r = 0, c = e;
-  if constexpr (BR != 0 || BC != 0) {
-    r = e / cols;
-    c = e - r * cols;
-  }
-  const long long srow = BR ? (r / BR) * scale_cols : 0;
-  if constexpr (VEC == 1) {
-    const float s = dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
-    out[e] = from_float<OUT>(__fmul_rn(fp8_to_float<F>(raw.w[0]), s));
-  } else {
-    float v[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2) fp8x2_to_float2<F>(raw.w[j / 4] >> (8 * (j & 3)), v[j], v[j + 1]);
-    const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = __fmul_rn(v[j], BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0);
-    constexpr int PER_STORE = 16 / sizeof(OUT);   // values per 16-byte store
-#pragma unroll
-    for (int j = 0; j < VEC; j += PER_STORE)
-      store_floats<OUT, PER_STORE>(out + e + j, *reinterpret_cast<const float(*)[PER_STORE]>(v + j));
-  }
-}
-
-// Flat grid-stride walk over the VEC-byte vectors of x (rows * cols / VEC of them: cols % VEC == 0, so a
-// vector never crosses a row); each thread loads UNROLL vectors (i, i + stride, ...) before converting
-// any, so 32 bytes of x are in flight per thread with VEC = 8, and each store instruction of a warp still
-// writes one contiguous 512-byte run (bf16 out). Measured (tools/gpu_check.sh bench, fp8_dequantize, of
-// copy / against torch.compile): one 8-byte vector per thread and pass 0.867 / 0.92x on the H200; one
-// pass of two 16-byte vectors per thread, each lane storing 32 bytes as two 16-byte halves 32 bytes
-// apart, 0.706 / 0.74x on the H100.
 template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
 __global__ void __launch_bounds__(256)
 fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ scale, OUT* __restrict__ out,
                long long rows, long long cols, long long scale_cols) {
-  static_assert(VEC == 1 || VEC == 8, "one byte, or 8 bytes per vector");
-  static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % VEC == 0, "a vector shares its scale unless BC = 1");
-  constexpr int UNROLL = 4;
-  const long long nvec = rows * (cols / VEC), stride = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += UNROLL * stride) {
-    FP8Vec<VEC> raw[UNROLL];
+  static_assert(VEC == 1 || VEC == 8, "one byte, or eight bytes per thread");
+  static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % 8 == 0, "a vector shares its scale unless BC = 1");
+  const long long step = (long long)gridDim.x * blockDim.x * VEC;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long srow = BR ? (r / BR) * scale_cols : 0;
+    const unsigned char* xr = x + r * cols;
+    OUT* orow = out + r * cols;
+    for (long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; c < cols; c += step) {
+      if constexpr (VEC == 1) {
+        const float s = dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
+        orow[c] = from_float<OUT>(__fmul_rn(fp8_to_float<F>(xr[c]), s));
+      } else {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + c));
+        float v[8];
+        const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (i + u * stride < nvec) raw[u] = load_fp8_vec<VEC>(x + (i + u * stride) * VEC);
+        for (int j = 0; j < 8; j += 2) {
+          fp8x2_to_float2<F>((j < 4 ? raw.x : raw.y) >> (8 * (j & 3)), v[j], v[j + 1]);
+        }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (i + u * stride < nvec)
-        dequantize_vec<F, OUT, VEC, BR, BC, E8M0>(raw[u], (i + u * stride) * VEC, scale, out, cols, scale_cols);
+        for (int j = 0; j < 8; ++j) {
+          const float s = BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0;
+          v[j] = __fmul_rn(v[j], s);
+        }
+        if constexpr (sizeof(OUT) == 4) {
+          float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
+          store_floats<OUT, 4>(orow + c, lo);
+          store_floats<OUT, 4>(orow + c + 4, hi);
+        } else {
+          store_floats<OUT, 8>(orow + c, v);
+        }
+      }
+    }
   }
 }
 

@@ -83,8 +83,8 @@ def test_dequantize_matches_reference(backend, fmt, out, mode, block, shape):
 @pytest.mark.parametrize("mode,block", list(MODES), ids=MODE_IDS)
 @pytest.mark.parametrize("shape", [(4099, 4096), (2051, 8200)], ids=str)
 def test_dequantize_large_grid_walks(backend, mode, block, shape):
-    """Tensors of more vectors than the grid has threads: the grid-stride walk takes several passes,
-    the last with threads whose later vectors are past the end."""
+    """Tensors larger than one pass of the kernel's grid (it walks them grid-stride): the later passes
+    and a partial last one."""
     rng = rng_for("dq_large", backend, mode, block, shape)
     t = fp8_tensor(rng, shape, "e4m3", mode, block)
     got = fk.dequantize(on_backend(t, backend), "float16")

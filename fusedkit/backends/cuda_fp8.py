@@ -204,9 +204,6 @@ DEQUANT_MODES = {"tensor": (0, 0, False), "mxfp8": (1, 32, True), "mxfp8_cols": 
                  "block_1x128": (1, 128, False), "block_128x128": (128, 128, False)}
 
 
-DEQUANT_UNROLL = 4  # vectors per thread and pass of the grid-stride walk (UNROLL in fp8_dequantize)
-
-
 def dequantize_expr(fmt, out_dt, vec, mode) -> str:
     br, bc, e8m0 = DEQUANT_MODES[mode]
     return (f"fk::fp8_dequantize<{FMT_CXX[fmt]}, {CXX[out_dt]}, {vec}, {br}, {bc}, "
@@ -219,15 +216,12 @@ def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device,
     128 fp32 block scales; ``scale_cols``: the scale array's row length)."""
     if rows * cols == 0:
         return
-    vec = dequantize_vec(cols, x, out)
-    grid = grid_stride_blocks(-(-rows * (cols // vec) // DEQUANT_UNROLL), THREADS, device)
+    vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
+    cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
+    gx = min(-(-cols // (vec * THREADS)), cap)
+    gy = max(1, min(rows, 65535, cap // gx))
     launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode), "pppqqq", device)(
-        grid, (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
-
-
-def dequantize_vec(cols, x, out) -> int:
-    """Bytes per vector of the dequantize kernel: 8 where rows of ``cols`` and the pointers allow, else 1."""
-    return 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
+        (gx, gy), (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
 
 
 def all_expressions():
