@@ -10,7 +10,9 @@ quantize(x, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor
   gives ``data_t`` of shape (N, M), written in the same pass (Transformer Engine's layout for the
   weight-gradient GEMM).
 NumPy (and CPU torch/JAX) inputs use the CPU reference; CuPy and CUDA torch inputs the kernels of
-cuda/fp8_cast.cu (quantize: byte-exact on the H200; cast-transpose: GPU tests pending).
+cuda/fp8_cast.cu; JAX GPU arrays (and tracers inside ``jax.jit``) the same kernels through XLA buffer
+callbacks (per-tensor quantize and cast-transpose, dequantize of every mode; block-scaled quantize on
+JAX raises NotImplementedError).
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
             amax = _amax.merge_host(amax_out, amax, kind, "fusedkit.quantize")
         return FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=data_t)  # x's framework
     if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+        return _quantize_jax(x, f, scale, rec, transpose, amax_out)
     from ..backends import cuda_fp8
 
     X = _interop.view(x, kind, "x")
@@ -92,6 +94,31 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     M = X.size // N if N else 0
     data_t, dtp = _interop.empty(kind, X, (N, M), "uint8")
     cuda_fp8.cast_transpose(X.ptr, dp, dtp, *args, M, N, *opts)
+    return FP8Tensor(data, sinv, f, amax, data_t=data_t)
+
+
+def _quantize_jax(x, f, scale, rec, transpose, amax_out):
+    """quantize on JAX GPU arrays and tracers: XLA buffer callbacks (fusedkit/jax/_prims.py) running the
+    kernels of the CuPy path on XLA's stream (the CPU reference under jit on the CPU)."""
+    import jax.numpy as jnp
+
+    from ..jax import _prims
+    if amax_out is not None:
+        _amax.check(amax_out, _interop.JAX, "fusedkit.quantize")  # raises: JAX arrays are immutable
+    x_dt = _dtypes.canonical_or_name(x.dtype)
+    if x_dt not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"fusedkit.quantize: x must be float32, float16 or bfloat16, got {x_dt}")
+    if scale is not None:
+        on_device = hasattr(scale, "shape") and not isinstance(scale, (np.ndarray, np.generic))
+        if on_device and _interop.framework(scale) not in _interop.JAX_KINDS:
+            raise TypeError("fusedkit.quantize: `scale` must be a JAX array like the input, or a float")
+        if np.size(scale) != 1 or (hasattr(scale, "dtype") and _dtypes.canonical_or_name(scale.dtype) != "float32"
+                                   and on_device):
+            raise ValueError("fusedkit.quantize: `scale` must be a float or a 1-element float32 array")
+        scale = (jnp.reshape(scale, (1,)) if on_device
+                 else jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32))
+    data, data_t, sinv, amax = _prims.fp8_quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales,
+                                                   transpose)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
 
@@ -243,7 +270,8 @@ def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
         return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f,
                          mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
     if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+        raise NotImplementedError("fusedkit.quantize: block-scaled recipes on JAX GPU arrays are not implemented yet "
+                                  "(issue 4); per-tensor scaling (scale= or CurrentScaling) is")
     if not mx and tuple(block) not in ((1, 128), (128, 128)):
         raise ValueError(f"fusedkit.quantize: block scaling supports 1 x 128 and 128 x 128 blocks on the GPU, "
                          f"got {tuple(block)}")
@@ -280,7 +308,8 @@ def _quantize_mx_columnwise(x, f, recipe) -> FP8Tensor:
         return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f, mode="mxfp8",
                          block=(32, 1))
     if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.quantize on JAX arrays is not implemented yet (issue 4)")
+        raise NotImplementedError("fusedkit.quantize: block-scaled recipes on JAX GPU arrays are not implemented yet "
+                                  "(issue 4); per-tensor scaling (scale= or CurrentScaling) is")
     from ..backends import cuda_fp8
 
     X = _interop.view(x, kind, "x")
@@ -346,7 +375,8 @@ def dequantize(t: FP8Tensor, dtype="float32"):
     framework of ``t.data``: ``fp8_value(data) * scale`` rounded once to ``dtype``, with the scale of each
     element's scaling (per tensor ``scale_inv``; MXFP8 E8M0 blocks of 32 along the rows or, for
     ``block=(32, 1)``, down the columns; 1 x 128 or 128 x 128 fp32 block scales). Host arrays use the
-    reference; CuPy arrays and CUDA torch tensors the kernel of cuda/fp8_dequantize.cu (one pass)."""
+    reference; CuPy arrays, CUDA torch tensors and JAX GPU arrays (also inside ``jax.jit``) the kernel of
+    cuda/fp8_dequantize.cu (one pass)."""
     if not isinstance(t, FP8Tensor):
         raise TypeError(f"fusedkit.dequantize expects an FP8Tensor (fusedkit.quantize(...)), got {type(t).__name__}")
     try:
@@ -359,7 +389,7 @@ def dequantize(t: FP8Tensor, dtype="float32"):
     if kind in _HOST:
         return _interop.from_numpy(host_copy(t, kind).dequantize(_dtypes.numpy_dtype(out_dt)), kind)
     if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.dequantize on JAX GPU arrays is not implemented yet (issue 4)")
+        return _dequantize_jax(t, out_dt)
     from ..backends import cuda_fp8
     X = _interop.view(t.data, kind, "t.data")
     if X.dtype != "uint8":
@@ -382,6 +412,32 @@ def dequantize(t: FP8Tensor, dtype="float32"):
     cuda_fp8.dequantize(X.ptr, S.ptr, op, rows, cols, scols, t.fmt.name, out_dt, mode, X.device,
                         _interop.stream(kind, X.device))
     return out
+
+
+def _dequantize_jax(t, out_dt):
+    """dequantize of JAX GPU bytes (or tracers): an XLA buffer callback around the same kernel."""
+    import jax.numpy as jnp
+
+    from ..jax import _prims
+    if _dtypes.canonical_or_name(t.data.dtype) != "uint8":
+        raise TypeError(f"fusedkit.dequantize: `t.data` must hold FP8 bytes (uint8), got {t.data.dtype}")
+    shape = tuple(t.data.shape)
+    cols = shape[-1] if shape else 1
+    rows = int(np.prod(shape[:-1])) if cols else 0
+    mode, (srows, scols), sdt = _dequant_scales(t, rows, cols)
+    s = t.scale_inv
+    if not hasattr(s, "shape"):
+        if mode != "tensor":
+            raise TypeError(f"fusedkit.dequantize: `t.scale_inv` of a {mode} FP8Tensor must be an array")
+        s = jnp.full((1,), float(np.float32(s)), jnp.float32)
+    elif _interop.framework(s) not in _interop.JAX_KINDS:
+        raise TypeError(f"fusedkit.dequantize: `t.scale_inv` must be a JAX array like `t.data` (or a float, "
+                        f"per-tensor scaling), got {type(s).__name__}")
+    if _dtypes.canonical_or_name(s.dtype) != sdt or int(np.prod(s.shape)) != srows * scols:
+        raise ValueError(f"fusedkit.dequantize: `t.scale_inv` of this {mode} FP8Tensor must hold {srows} x {scols} "
+                         f"{sdt} values for data of shape {shape}, got {tuple(s.shape)} {s.dtype}")
+    return _prims.fp8_dequantize(t.data, jnp.reshape(s, (srows * scols,)), t.fmt.name, mode, t.mode, t.block,
+                                 srows, scols, out_dt)
 
 
 def _dequant_scales(t, rows, cols):

@@ -7,6 +7,10 @@ arrays and traced values go through the buffer callbacks of ``fusedkit.jax._prim
 on XLA's stream on a GPU, the reference on the CPU). Traced values mixed with concrete CPU arrays
 (a constant closed over inside ``jit``) go to the buffer callbacks directly.
 
+``fusedkit.quantize`` / ``fusedkit.dequantize`` on JAX GPU arrays (and inside ``jax.jit``) run through
+the buffer callbacks too; importing this module registers ``FP8Tensor`` as a pytree, so jitted
+functions may return one.
+
 Importing ``fusedkit`` does not import JAX; only ``fusedkit.jax`` does.
 """
 from __future__ import annotations
@@ -18,6 +22,24 @@ import jax
 from .. import _dtypes, _interop
 from .. import norms as _fk
 from . import _prims
+
+def _register_fp8_tensor():
+    """FP8Tensor as a pytree (arrays: data, scale_inv, amax, data_t; static: format, mode, block), so a
+    jitted function may take and return the result of ``fusedkit.quantize``."""
+    from ..fp8.tensor import FP8Tensor
+
+    def flatten(t):
+        return (t.data, t.scale_inv, t.amax, t.data_t), (t.fmt.name, t.mode, t.block)
+
+    def unflatten(aux, children):
+        data, scale_inv, amax, data_t = children
+        fmt, mode, block = aux
+        return FP8Tensor(data, scale_inv, fmt, amax, mode=mode, block=block, data_t=data_t)
+
+    jax.tree_util.register_pytree_node(FP8Tensor, flatten, unflatten)
+
+
+_register_fp8_tensor()
 
 __all__ = ["layer_norm", "rms_norm", "softmax", "log_softmax", "cross_entropy", "gelu", "silu", "relu",
            "squared_relu", "swiglu", "geglu", "reglu"]

@@ -539,3 +539,117 @@ def _ce_bwd_callbacks(key, gpu: bool):
                          reduction, dev, ctx.stream, _Bump(f32_o, i32_o))
 
     return results, {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# FP8 per-tensor quantize (delayed / current scaling, optionally with the transposed bytes) and
+# dequantize (every scaling mode): fusedkit.quantize / fusedkit.dequantize on JAX GPU arrays and tracers.
+# The amax output is zeroed on XLA's stream before the cast kernels merge into it (atomicMax); current
+# scaling's scale is an extra fp32 output (scratch), dropped afterwards.
+
+def fp8_quantize(x, scale, fmt, eps, pow2, transpose):
+    """(data, data_t or None, scale_inv (1,), amax (1,)): delayed scaling with ``scale`` (a 1-element
+    float32 array), current scaling with ``scale`` None (``eps`` / ``pow2``: the recipe's amax epsilon
+    and power-of-2 rule)."""
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), fmt, scale is None, float(eps), bool(pow2), bool(transpose))
+    return _dispatch(_fp8_quantize_callable("cpu", key), lambda device: _fp8_quantize_callable("gpu", key),
+                     (x, scale))
+
+
+def _fp8_quantize_results(key):
+    shape, x_dt, fmt, current, eps, pow2, transpose = key
+    N, M = _rows(shape) if shape else (1, 1)
+    return (_sds(shape, "uint8"), _sds((N, M), "uint8") if transpose else None, _sds((1,), "float32"),
+            _sds((1,), "float32"), _sds((1,), "float32") if current else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_quantize_callable(platform: str, key):
+    call = buffer_callback(_fp8_quantize_callbacks(key)[platform], _fp8_quantize_results(key), vmap_method=_VMAP)
+
+    def run(x, scale):
+        return call(x, scale)[:4]  # current scaling's scale (scratch) ends here
+
+    return run
+
+
+def _fp8_quantize_callbacks(key):
+    """{"cpu": callback, "gpu": callback} of the per-tensor cast (tests run the GPU one on fake buffers)."""
+    shape, x_dt, fmt, current, eps, pow2, transpose = key
+    N, M = _rows(shape) if shape else (1, 1)
+
+    def cpu_cb(ctx, out, x, scale):
+        data_o, data_t_o, sinv_o, amax_o, _ = out
+        xa = _np(x)
+        if current:
+            data, sinv, amax, _s = _ref.fp8.quantize_current(xa, fmt, eps, pow2)
+        else:
+            data, sinv, amax = _ref.fp8.quantize_delayed(xa, np.float32(_np(scale).reshape(())), fmt)
+        np.asarray(data_o)[...] = data
+        if data_t_o is not None:
+            np.asarray(data_t_o)[...] = _ref.fp8.transpose_2d(data)
+        np.asarray(sinv_o)[...] = sinv
+        np.asarray(amax_o)[...] = amax
+
+    def gpu_cb(ctx, out, x, scale):
+        import cupy
+
+        from ..backends import cuda_fp8
+        data_o, data_t_o, sinv_o, amax_o, scale_o = out
+        dev = x.__dlpack_device__()[1]
+        ap = _ptr(amax_o)
+        if current:  # the amax pass fills amax_o, the cast derives its scale from it into scale_o
+            ptrs = (0, ap, _ptr(scale_o), _ptr(sinv_o), 0)
+        else:        # the cast merges the amax of x into amax_o
+            ptrs = (_ptr(scale), 0, 0, _ptr(sinv_o), ap)
+        opts = (x_dt, fmt, current, eps, int(pow2), dev, ctx.stream)
+        with cupy.cuda.Device(dev):
+            cupy.cuda.runtime.memsetAsync(ap, 0, 4, int(ctx.stream))
+            # launched for empty tensors too: block 0 writes scale_inv
+            if transpose:
+                cuda_fp8.cast_transpose(_ptr(x), _ptr(data_o), _ptr(data_t_o), *ptrs, M, N, *opts)
+            else:
+                cuda_fp8.quantize(_ptr(x), _ptr(data_o), *ptrs, M * N, *opts)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+def fp8_dequantize(data, scale, fmt, kernel_mode, mode, block, srows, scols, out_dtype):
+    """FP8 bytes ``data`` -> values of ``out_dtype``; ``kernel_mode``: a cuda_fp8.DEQUANT_MODES key (of the
+    FP8Tensor's ``mode`` and ``block``), ``scale`` its scales (srows x scols; a 1-element float32 array
+    per tensor)."""
+    block = tuple(block) if isinstance(block, (tuple, list)) else block
+    key = (tuple(data.shape), fmt, kernel_mode, mode, block, srows, scols, out_dtype)
+    return _dispatch(_fp8_dequantize_callable("cpu", key), lambda device: _fp8_dequantize_callable("gpu", key),
+                     (data, scale))
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_dequantize_callable(platform: str, key):
+    shape, out_dt = key[0], key[-1]
+    return buffer_callback(_fp8_dequantize_callbacks(key)[platform], _sds(shape, out_dt), vmap_method=_VMAP)
+
+
+def _fp8_dequantize_callbacks(key):
+    shape, fmt, kernel_mode, mode, block, srows, scols, out_dt = key
+    cols, rows = _rows(shape) if shape else (1, 1)
+
+    def cpu_cb(ctx, out, data, scale):
+        from ..fp8.tensor import FP8Tensor
+        s = _np(scale)
+        t = FP8Tensor(_np(data), s.reshape(()) if mode == "tensor" else s.reshape(srows, scols), fmt,
+                      mode=mode, block=block)
+        np.asarray(out)[...] = t.dequantize(_dtypes.numpy_dtype(out_dt))
+
+    def gpu_cb(ctx, out, data, scale):
+        if rows * cols == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_fp8
+        dev = data.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cuda_fp8.dequantize(_ptr(data), _ptr(scale), _ptr(out), rows, cols, scols, fmt, out_dt, kernel_mode,
+                                dev, ctx.stream)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}

@@ -1,0 +1,222 @@
+"""fusedkit.quantize / fusedkit.dequantize on JAX arrays: traced calls (buffer callbacks; the CPU
+reference on the CPU, the CUDA kernels on XLA's stream on a GPU) and eager GPU arrays, byte for byte
+against the CPU reference; FP8Tensor through jax.jit as a pytree; the GPU callbacks' launch arguments
+on fake buffers (no GPU needed); clear errors for what JAX cannot do."""
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import fusedkit as fk  # noqa: E402
+from fusedkit import fp8  # noqa: E402
+from fusedkit.fp8.tensor import FP8Tensor  # noqa: E402
+from fusedkit.jax import _prims  # noqa: E402
+from fusedkit.reference import fp8 as ref  # noqa: E402
+from _backends import to_numpy  # noqa: E402
+from test_fp8_dequantize import MODE_IDS, MODES, fp8_tensor, same_values  # noqa: E402
+
+# fp16 inputs and outputs beyond 65504 are inf on both sides (NumPy's cast says so each time)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", marks=pytest.mark.gpu, id="gpu")]
+
+
+def rng_for(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def device(name):
+    if name == "cpu":
+        return jax.devices("cpu")[0]
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend")
+
+
+def hard_input(rng, shape, dtype):
+    """Normal values with the cases a cast must get right: beyond the format's max, tiny, zeros, +-inf
+    (NaN left out: it would make the amax, and so current scaling's scale, NaN for every byte)."""
+    x = (rng.standard_normal(shape) * 3.0).astype(np.float32)
+    flat = x.reshape(-1)
+    if flat.size >= 8:
+        flat[:6] = [1e5, -7e4, 1e-9, 0.0, -0.0, 3e-6]
+        if dtype == "float32":
+            flat[6:8] = [np.inf, -np.inf]
+    return x.astype(fk_np_dtype(dtype))
+
+
+def fk_np_dtype(dtype):
+    from fusedkit._dtypes import numpy_dtype
+    return numpy_dtype(dtype)
+
+
+def reference(x, fmt, scale, recipe):
+    if scale is None:
+        data, sinv, amax, _ = ref.quantize_current(x, fmt, recipe.amax_epsilon, recipe.power_of_2_scales)
+    else:
+        data, sinv, amax = ref.quantize_delayed(x, np.float32(scale), fmt)
+    return data, np.float32(sinv), np.float32(amax)
+
+
+def check(t, x, fmt, scale, recipe, transpose):
+    data, sinv, amax = reference(x, fmt, scale, recipe)
+    np.testing.assert_array_equal(to_numpy(t.data), data)
+    assert to_numpy(t.scale_inv).reshape(()) == sinv
+    assert to_numpy(t.amax).reshape(()) == amax
+    if transpose:
+        np.testing.assert_array_equal(to_numpy(t.data_t), ref.transpose_2d(data))
+    else:
+        assert t.data_t is None
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["delayed_float", "delayed_array", "current", "current_pow2"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["rows", "transpose"])
+@pytest.mark.parametrize("shape", [(3, 7, 40), (129, 136), (5,)], ids=str)
+def test_quantize_traced_and_eager(dev, dtype, fmt, scaling, transpose, shape):
+    """Inside jax.jit (every device) and eager (on a GPU: the CPU's eager path is the host reference),
+    the bytes, scale_inv, amax and transposed bytes equal the reference's."""
+    rng = rng_for("q", dtype, fmt, scaling, transpose, shape)
+    x = hard_input(rng, shape, dtype)
+    X = jax.device_put(jnp.asarray(x), device(dev))
+    scale = np.float32(2.0 ** rng.integers(-6, 6) * rng.uniform(0.5, 1.0)) if scaling.startswith("delayed") else None
+    recipe = fp8.CurrentScaling(power_of_2_scales=scaling == "current_pow2", amax_epsilon=1e-12)
+    S = jax.device_put(jnp.asarray([scale], jnp.float32), device(dev)) if scaling == "delayed_array" else scale
+
+    def q(X, S):
+        return fk.quantize(X, fmt=fmt, scale=S, recipe=None if scale is not None else recipe, transpose=transpose)
+
+    t = jax.jit(q)(X, S)  # an FP8Tensor out of jit: a pytree
+    assert isinstance(t, FP8Tensor) and t.fmt.name == fmt and t.mode == "tensor"
+    check(t, x, fmt, scale, recipe, transpose)
+    if dev == "gpu":
+        t = q(X, S)
+        assert isinstance(t.data, jax.Array) and t.data.dtype == jnp.uint8
+        check(t, x, fmt, scale, recipe, transpose)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("mode,block", list(MODES), ids=MODE_IDS)
+@pytest.mark.parametrize("shape", [(7, 13), (65, 200), (257, 256)], ids=str)
+def test_dequantize_traced_and_eager(dev, out, mode, block, shape):
+    rng = rng_for("dq", out, mode, block, shape)
+    t = fp8_tensor(rng, shape, "e4m3", mode, block)
+    want = t.dequantize(fk_np_dtype(out))
+    d = device(dev)
+    s = np.asarray(t.scale_inv, np.float32).reshape(1) if mode == "tensor" else np.asarray(t.scale_inv)
+    J = FP8Tensor(jax.device_put(jnp.asarray(np.asarray(t.data)), d), jax.device_put(jnp.asarray(s), d), "e4m3",
+                  mode=mode, block=block)
+    got = jax.jit(lambda T: fk.dequantize(T, out))(J)
+    same_values(to_numpy(got), want)
+    if dev == "gpu":
+        same_values(to_numpy(fk.dequantize(J, out)), want)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_round_trip_inside_one_program(dev):
+    """quantize -> dequantize -> arithmetic in one jitted program, with the scale from an amax history
+    (delayed scaling as a training step runs it)."""
+    rng = rng_for("rt", dev)
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    d = device(dev)
+    X = jax.device_put(jnp.asarray(x), d)
+    history = jax.device_put(jnp.asarray([[4.0]], jnp.float32), d)
+
+    @jax.jit
+    def step(X, history):
+        scale = (448.0 / history[0, :1]).astype(jnp.float32)
+        t = fk.quantize(X, scale=scale)
+        return fk.dequantize(t, "float32") * 2.0, t.amax
+
+    y, amax = step(X, history)
+    data, sinv, want_amax = ref.quantize_delayed(x, np.float32(448.0 / 4.0), "e4m3")
+    np.testing.assert_array_equal(to_numpy(y), ref.dequantize(data, sinv, "e4m3", np.float32) * 2.0)
+    assert to_numpy(amax).reshape(()) == want_amax
+
+
+def test_errors_on_jax():
+    """What JAX arrays cannot do says so (traced values stand in for GPU arrays here)."""
+    X = jnp.ones((4, 64), jnp.float32)
+
+    def traced(fn):
+        return jax.jit(fn)(X)
+
+    with pytest.raises(TypeError, match="immutable"):
+        traced(lambda X: fk.quantize(X, scale=1.0, amax_out=jnp.zeros((1,), jnp.float32)).data)
+    with pytest.raises(NotImplementedError, match="block-scaled"):
+        traced(lambda X: fk.quantize(X, recipe=fp8.MXFP8Scaling()).data)
+    with pytest.raises(ValueError, match="1-element float32"):
+        traced(lambda X: fk.quantize(X, scale=jnp.ones((2,), jnp.float32)).data)
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
+        jax.jit(lambda X: fk.quantize(X.astype(jnp.int32), scale=1.0).data)(X)
+    t = FP8Tensor(jnp.zeros((4, 64), jnp.uint8), jnp.ones((4, 1), jnp.float32), "e4m3", mode="mxfp8", block=32)
+    with pytest.raises(ValueError, match="must hold 4 x 2 uint8"):
+        jax.jit(lambda T: fk.dequantize(T))(t)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the GPU callbacks without a GPU: fake buffers, recorded launches
+
+class _FakeBuffer:
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape}
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def _fake_gpu(monkeypatch):
+    import types
+    from contextlib import nullcontext
+
+    from fusedkit.backends import cuda_fp8
+    calls = []
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=lambda dev: nullcontext(),
+                                      runtime=types.SimpleNamespace(
+                                          memsetAsync=lambda *a: calls.append(("memset",) + a)))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    for name in ("quantize", "cast_transpose", "dequantize"):
+        monkeypatch.setattr(cuda_fp8, name, lambda *a, _n=name: calls.append((_n,) + a))
+    return calls
+
+
+def test_gpu_callbacks_dry_run(monkeypatch):
+    """The launch arguments of the GPU callbacks: amax zeroed on XLA's stream before the cast, the
+    pointers of the delayed and current-scaling casts as the CuPy path passes them."""
+    calls = _fake_gpu(monkeypatch)
+    ctx = type("Ctx", (), {"stream": 77})()
+    shape = (6, 40)
+    x, s = _FakeBuffer(shape, "uint16", 1000), _FakeBuffer((1,), "f4", 2000)
+    out = [_FakeBuffer(shape, "u1", 3000), None, _FakeBuffer((1,), "f4", 4000), _FakeBuffer((1,), "f4", 5000), None]
+    # delayed, rows only: scale pointer in, amax merged into the zeroed amax output
+    _prims._fp8_quantize_callbacks((shape, "bfloat16", "e4m3", False, 0.0, False, False))["gpu"](ctx, out, x, s)
+    assert calls == [("memset", 5000, 0, 4, 77),
+                     ("quantize", 1000, 3000, 2000, 0, 0, 4000, 5000, 240, "bfloat16", "e4m3", False, 0.0, 0, 0, 77)]
+    calls.clear()
+    # current scaling with the transposed bytes: the amax pass fills the zeroed amax, the scale goes to scratch
+    out = [_FakeBuffer(shape, "u1", 3000), _FakeBuffer((40, 6), "u1", 3500), _FakeBuffer((1,), "f4", 4000),
+           _FakeBuffer((1,), "f4", 5000), _FakeBuffer((1,), "f4", 6000)]
+    _prims._fp8_quantize_callbacks((shape, "bfloat16", "e5m2", True, 1e-6, True, True))["gpu"](ctx, out, x, None)
+    assert calls == [("memset", 5000, 0, 4, 77),
+                     ("cast_transpose", 1000, 3000, 3500, 0, 5000, 6000, 4000, 0, 6, 40, "bfloat16", "e5m2", True,
+                      1e-6, 1, 0, 77)]
+    calls.clear()
+    # dequantize, MXFP8 row blocks: rows, cols and the scale grid's row length
+    key = (shape, "e4m3", "mxfp8", "mxfp8", 32, 6, 2, "bfloat16")
+    _prims._fp8_dequantize_callbacks(key)["gpu"](ctx, _FakeBuffer(shape, "uint16", 7000),
+                                                 _FakeBuffer(shape, "u1", 8000), _FakeBuffer((12,), "u1", 9000))
+    assert calls == [("dequantize", 8000, 9000, 7000, 6, 40, 2, "e4m3", "bfloat16", "mxfp8", 0, 77)]
+    # the traced results: current scaling's scratch is dropped, the transposed bytes are (N, M)
+    res = _prims._fp8_quantize_results((shape, "bfloat16", "e4m3", True, 0.0, False, True))
+    assert [None if r is None else r.shape for r in res] == [shape, (40, 6), (1,), (1,), (1,)]
