@@ -66,12 +66,74 @@ __device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
   }
 }
 
+// Experiment (0 = shipped): FK_DEQUANT_UNROLL = U > 0 walks the 8-byte vectors of the tensor flat over the
+// same grid (block (x, y) as one linear index), each thread loading U vectors (i, i + stride, ...) before
+// converting any: 8U bytes of x in flight per thread instead of 8, each warp store still one contiguous
+// 512-byte run for bf16 out. Row and column come from the flat index (a division) where the scales
+// need them. A/B: EXP_OPTIONS="-DFK_DEQUANT_UNROLL=4" EXP_ONLY=fp8_dequantize (tools/gpu_check.sh
+// expbench). Measured so far (fp8_dequantize, of copy / against torch.compile): the shipped walk 0.867 /
+// 0.92x on the H200 (2026-12-05T194437Z); a flat walk of 16-byte vectors, two per thread, whose lanes
+// each stored 32 bytes as two 16-byte halves 32 bytes apart, 0.706 / 0.74x on the H100
+// (ab_dequant_vec16_H100_2026-12-05T194939Z.json).
+#ifndef FK_DEQUANT_UNROLL
+#define FK_DEQUANT_UNROLL 0
+#endif
+
+template <typename F, typename OUT, int BR, int BC, bool E8M0>
+__device__ __forceinline__ void dequantize_vec8(uint2 raw, long long e, const void* __restrict__ scale,
+                                                OUT* __restrict__ out, long long cols, long long scale_cols) {
+  long long r = 0, c = e;
+  if constexpr (BR != 0 || BC != 0) {
+    r = e / cols;
+    c = e - r * cols;
+  }
+  const long long srow = BR ? (r / BR) * scale_cols : 0;
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) fp8x2_to_float2<F>((j < 4 ? raw.x : raw.y) >> (8 * (j & 3)), v[j], v[j + 1]);
+  const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(v[j], BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0);
+  if constexpr (sizeof(OUT) == 4) {
+    float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
+    store_floats<OUT, 4>(out + e, lo);
+    store_floats<OUT, 4>(out + e + 4, hi);
+  } else {
+    store_floats<OUT, 8>(out + e, v);
+  }
+}
+
+template <typename F, typename OUT, int BR, int BC, bool E8M0, int U>
+__device__ __forceinline__ void dequantize_flat(const unsigned char* __restrict__ x, const void* __restrict__ scale,
+                                                OUT* __restrict__ out, long long rows, long long cols,
+                                                long long scale_cols) {
+  const long long nvec = rows * (cols / 8);
+  const long long stride = (long long)gridDim.x * gridDim.y * blockDim.x;
+  const long long first = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (long long i = first; i < nvec; i += U * stride) {
+    uint2 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i + u * stride < nvec) raw[u] = __ldg(reinterpret_cast<const uint2*>(x) + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i + u * stride < nvec)
+        dequantize_vec8<F, OUT, BR, BC, E8M0>(raw[u], (i + u * stride) * 8, scale, out, cols, scale_cols);
+  }
+}
+
 template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
 __global__ void __launch_bounds__(256)
 fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ scale, OUT* __restrict__ out,
                long long rows, long long cols, long long scale_cols) {
   static_assert(VEC == 1 || VEC == 8, "one byte, or eight bytes per thread");
   static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % 8 == 0, "a vector shares its scale unless BC = 1");
+#if FK_DEQUANT_UNROLL > 0
+  if constexpr (VEC == 8) {
+    dequantize_flat<F, OUT, BR, BC, E8M0, FK_DEQUANT_UNROLL>(x, scale, out, rows, cols, scale_cols);
+    return;
+  }
+#endif
   const long long step = (long long)gridDim.x * blockDim.x * VEC;
   for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
     const long long srow = BR ? (r / BR) * scale_cols : 0;

@@ -38,7 +38,8 @@ CLUSTERS = tuple(int(c) for c in os.environ.get("SWEEP_CLUSTERS", "1").split(","
 # (with SWEEP_TUNED_ONLY=1: the shipped pair config at each)
 PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").split(",") if c)
 # SWEEP_PAIR_SPLIT="2,4": also rows in quarters over four CTAs (the quarter row's staged config), at each
-# merge; SWEEP_EXTRA="16384:('staged', 8, 4, 16, 2, 0, 4);...": explicit extra candidates per N
+# merge; SWEEP_EXTRA="16384:('staged', 8, 4, 16, 2, 0, 4);8192:('looped', 8)": explicit extra candidates
+# per N (each sweeps in the directions whose kernels it names)
 PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
 EXTRA = [(int(n), ast.literal_eval(c))
          for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
@@ -91,7 +92,10 @@ def candidates(N, direction, rms):
             for pipe in (0, 1):
                 for m in PAIR_MERGES:
                     out.append(("pair",) + c[1:6] + (pipe, m, 2))
-    return out
+    # explicit extras of this direction's kinds (e.g. "8192:('looped', 8)": the two-pass forward, its
+    # second pass from L2, against the register kernels)
+    kinds = ("rows", "looped") if direction == "fwd" else ("rows", "staged", "pair", "looped")
+    return out + [tuple(c) for n, c in EXTRA if n == N and c[0] in kinds]
 
 
 def candidates_plain(N, rms):
