@@ -105,10 +105,8 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
         return _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt,
                          fp8_scale, kind, fp8_amax_out)
     if fmt is not None and kind == JAX:
-        raise NotImplementedError(
-            "fusedkit: FP8 output of layer_norm / rms_norm is not implemented for JAX GPU arrays or inside "
-            "jax.jit (an FP8Tensor is not a JAX value). Pass CuPy or torch views of the same buffers "
-            "(DLPack, no copy), or call without fp8_fmt and quantize the result")
+        return _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, fp8_scale,
+                        fp8_amax_out)
     if kind in _HOST_KINDS:
         if rms:
             return _host(_ref.rms_norm, kind, (x, weight),
@@ -186,6 +184,33 @@ def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, ze
                            rms, X.device, _interop.stream(kind, X.device))
     del keep  # the launch is queued on the stream; the allocator orders any reuse after it
     return FP8Tensor(data, sinv, fmt, amax)
+
+
+def _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, amax_out):
+    """The FP8-output forward on JAX GPU arrays and tracers (an XLA buffer callback, fusedkit/jax/_prims.py):
+    an FP8Tensor of JAX arrays (a pytree once fusedkit.jax is imported, as it is here), then h, then the
+    stats."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from .fp8 import _amax
+    from .fp8.tensor import FP8Tensor
+    from .jax import _prims
+    if amax_out is not None:
+        _amax.check(amax_out, JAX, "fusedkit: fp8_amax_out")  # raises: JAX arrays are immutable
+    if hasattr(scale, "shape") and framework(scale) not in _HOST_KINDS:
+        if framework(scale) not in _interop.JAX_KINDS:
+            raise TypeError(f"fusedkit: `fp8_scale` is a {framework(scale)} array but x is a JAX array; pass a "
+                            "float or a 1-element float32 JAX array")
+        s = jnp.reshape(scale, (1,))
+    else:
+        s = jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32)
+    y, sinv, amax, h, mean, rstd = _prims.norm_forward_fp8(x, weight, bias, residual, s, eps, zero_centered_gamma,
+                                                           fmt.name, return_stats, rms)
+    out = (FP8Tensor(y, sinv, fmt, amax),) + ((h,) if h is not None else ())
+    if return_stats:
+        out += (rstd,) if rms else (mean, rstd)
+    return out[0] if len(out) == 1 else out
 
 
 def _host_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, kind,

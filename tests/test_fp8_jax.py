@@ -143,6 +143,61 @@ def test_round_trip_inside_one_program(dev):
     assert to_numpy(amax).reshape(()) == want_amax
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("variant", ["affine_stats", "residual_array_scale", "no_weight"])
+@pytest.mark.parametrize("shape", [(3, 5, 256), (33, 781)], ids=str)
+def test_norm_fp8_output(dev, rms, variant, shape):
+    """layer_norm / rms_norm with fp8_fmt / fp8_scale on JAX: bytes, scale_inv, amax of the fp32 y, h and
+    the stats equal the reference's, inside jit (every device) and eagerly on a GPU."""
+    from fusedkit.reference import norms as ref_norms
+    rng = rng_for("norm_fp8", rms, variant, shape)
+    N = shape[-1]
+    x = (rng.standard_normal(shape) * 0.7 - 1.5).astype(fk_np_dtype("bfloat16"))
+    w = None if variant == "no_weight" else rng.uniform(0.5, 1.5, N).astype(np.float32)
+    b = None if variant == "no_weight" or rms else rng.standard_normal(N).astype(np.float32)
+    res = rng.standard_normal(shape).astype(fk_np_dtype("bfloat16")) if variant == "residual_array_scale" else None
+    stats = variant != "no_weight"
+    scale = np.float32(rng.uniform(20.0, 60.0))
+    d = device(dev)
+    J = [None if a is None else jax.device_put(jnp.asarray(a), d) for a in (x, w, b, res)]
+    S = jax.device_put(jnp.asarray([scale]), d) if variant == "residual_array_scale" else scale
+    kw = dict(eps=1e-5, fp8_fmt="e4m3", return_stats=stats)
+
+    def run(X, W, B, R, S):
+        if rms:
+            return fk.rms_norm(X, W, residual=R, fp8_scale=S, **kw)
+        return fk.layer_norm(X, W, B, residual=R, fp8_scale=S, **kw)
+
+    if rms:
+        want = ref_norms.rms_norm_fp8(x, w, eps=1e-5, fp8_fmt="e4m3", fp8_scale=scale, return_stats=stats, residual=res)
+    else:
+        want = ref_norms.layer_norm_fp8(x, w, b, eps=1e-5, fp8_fmt="e4m3", fp8_scale=scale, return_stats=stats,
+                                        residual=res)
+    want = want if isinstance(want, tuple) else (want,)
+    data, amax = want[0].data, np.float32(want[0].amax)
+    if dev == "gpu":
+        # the kernel's bytes are the cast of the GPU's own fp32 y (test_norms_fp8.py says why not the CPU's)
+        plain = (fk.rms_norm(J[0], J[1], residual=J[3], eps=1e-5, out_dtype="float32") if rms else
+                 fk.layer_norm(J[0], J[1], J[2], residual=J[3], eps=1e-5, out_dtype="float32"))
+        y32 = to_numpy(plain[0] if isinstance(plain, tuple) else plain)
+        data, _, amax = ref.quantize_delayed(y32, scale, "e4m3")
+    for got in [jax.jit(run)(*J, S)] + ([run(*J, S)] if dev == "gpu" else []):
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(want)
+        t = got[0]
+        assert isinstance(t, FP8Tensor) and t.fmt.name == "e4m3"
+        np.testing.assert_array_equal(to_numpy(t.data), data)
+        assert to_numpy(t.scale_inv).reshape(()) == np.float32(1.0) / scale
+        assert to_numpy(t.amax).reshape(()) == amax
+        for g, r in zip(got[1:], want[1:]):
+            if dev == "cpu":   # the reference itself: exact
+                np.testing.assert_array_equal(to_numpy(g), r)
+            else:              # the kernel's h is exact, its stats within fp32 rounding
+                np.testing.assert_allclose(to_numpy(g).astype(np.float32), np.asarray(r, np.float32), rtol=1e-5,
+                                           atol=1e-6)
+
+
 def test_errors_on_jax():
     """What JAX arrays cannot do says so (traced values stand in for GPU arrays here)."""
     X = jnp.ones((4, 64), jnp.float32)
@@ -152,6 +207,10 @@ def test_errors_on_jax():
 
     with pytest.raises(TypeError, match="immutable"):
         traced(lambda X: fk.quantize(X, scale=1.0, amax_out=jnp.zeros((1,), jnp.float32)).data)
+    with pytest.raises(TypeError, match="immutable"):
+        traced(lambda X: fk.layer_norm(X, fp8_fmt="e4m3", fp8_scale=1.0, fp8_amax_out=jnp.zeros((1,))).data)
+    with pytest.raises(ValueError, match="positive finite"):
+        traced(lambda X: fk.rms_norm(X, fp8_fmt="e4m3", fp8_scale=-1.0).data)
     with pytest.raises(NotImplementedError, match="block-scaled"):
         traced(lambda X: fk.quantize(X, recipe=fp8.MXFP8Scaling()).data)
     with pytest.raises(ValueError, match="1-element float32"):
@@ -217,6 +276,19 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     _prims._fp8_dequantize_callbacks(key)["gpu"](ctx, _FakeBuffer(shape, "uint16", 7000),
                                                  _FakeBuffer(shape, "u1", 8000), _FakeBuffer((12,), "u1", 9000))
     assert calls == [("dequantize", 8000, 9000, 7000, 6, 40, 2, "e4m3", "bfloat16", "mxfp8", 0, 77)]
+    calls.clear()
+    # LayerNorm -> FP8 with a residual and the stats: the amax zeroed, then forward_fp8 with every pointer
+    from fusedkit.backends import cuda_norms
+    monkeypatch.setattr(cuda_norms, "forward_fp8", lambda *a: calls.append(("forward_fp8",) + a))
+    key = (shape, "bfloat16", "float32", True, True, True, 1e-5, False, True, False, "e4m3")
+    out = [_FakeBuffer(shape, "u1", 11), _FakeBuffer((1,), "f4", 12), _FakeBuffer((1,), "f4", 13),
+           _FakeBuffer(shape, "uint16", 14), _FakeBuffer((6,), "f4", 15), _FakeBuffer((6,), "f4", 16)]
+    ins = [_FakeBuffer(shape, "uint16", 21), _FakeBuffer(shape, "uint16", 22), _FakeBuffer((40,), "f4", 23),
+           _FakeBuffer((40,), "f4", 24), _FakeBuffer((1,), "f4", 25)]
+    _prims._norm_fp8_callbacks(key)["gpu"](ctx, out, *ins)
+    assert calls == [("memset", 13, 0, 4, 77),
+                     ("forward_fp8", 21, 22, 23, 24, 11, 14, 15, 16, 25, 12, 13, 6, 40, "bfloat16", "float32", "e4m3",
+                      1e-5, 0, False, 0, 77)]
     # the traced results: current scaling's scratch is dropped, the transposed bytes are (N, M)
     res = _prims._fp8_quantize_results((shape, "bfloat16", "e4m3", True, 0.0, False, True))
     assert [None if r is None else r.shape for r in res] == [shape, (40, 6), (1,), (1,), (1,)]

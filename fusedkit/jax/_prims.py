@@ -653,3 +653,67 @@ def _fp8_dequantize_callbacks(key):
                                 dev, ctx.stream)
 
     return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+def norm_forward_fp8(x, weight, bias, residual, scale, eps, zero_centered_gamma, fmt, return_stats, rms):
+    """LayerNorm / RMSNorm with FP8 output (fusedkit.layer_norm(..., fp8_fmt=, fp8_scale=)): (bytes,
+    scale_inv (1,), amax (1,) of the fp32 y), then h (with a residual), then the stats, as
+    ``fusedkit.norms._norm_forward`` packs them; ``scale`` a 1-element float32 array (the delayed scale)."""
+    if rms:
+        bias = None
+    x_dt = _dtypes.canonical(x.dtype)
+    key = (tuple(x.shape), x_dt, _w_dtype(x_dt, weight, bias), weight is not None, bias is not None,
+           residual is not None, float(eps), bool(zero_centered_gamma), bool(return_stats), bool(rms), fmt)
+    outs = _dispatch(_norm_fp8_callable("cpu", key), lambda device: _norm_fp8_callable("gpu", key),
+                     (x, residual, weight, bias, scale))
+    return outs
+
+
+def _norm_fp8_results(key):
+    shape, x_dt, w_dt, has_w, has_b, has_r, eps, zc, stats, rms, fmt = key
+    return (_sds(shape, "uint8"), _sds((1,), "float32"), _sds((1,), "float32"),
+            _sds(shape, x_dt) if has_r else None,
+            _sds(shape[:-1], "float32") if stats and not rms else None,
+            _sds(shape[:-1], "float32") if stats else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _norm_fp8_callable(platform: str, key):
+    return buffer_callback(_norm_fp8_callbacks(key)[platform], _norm_fp8_results(key), vmap_method=_VMAP)
+
+
+def _norm_fp8_callbacks(key):
+    """{"cpu": callback, "gpu": callback} of the FP8-output forward (tests run the GPU one on fake buffers)."""
+    shape, x_dt, w_dt, has_w, has_b, has_r, eps, zc, stats, rms, fmt = key
+    N = shape[-1]
+    M = math.prod(shape[:-1])
+
+    def cpu_cb(ctx, out, x, res, w, b, scale):
+        y_o, sinv_o, amax_o, h_o, mean_o, rstd_o = out
+        r = _ref.norms._forward_fp8(_np(x), _np(w), None if rms else _np(b), _np(res), eps, zc, fmt,
+                                    _np(scale).reshape(()), True, rms)
+        t, rest = r[0], list(r[1:])
+        np.asarray(y_o)[...] = t.data
+        np.asarray(sinv_o)[...] = t.scale_inv
+        np.asarray(amax_o)[...] = t.amax
+        if h_o is not None:
+            np.asarray(h_o)[...] = rest.pop(0)
+        if mean_o is not None:
+            np.asarray(mean_o)[...] = rest[0]
+        if rstd_o is not None:
+            np.asarray(rstd_o)[...] = rest[-1]
+
+    def gpu_cb(ctx, out, x, res, w, b, scale):
+        import cupy
+
+        from ..backends import cuda_norms
+        y_o, sinv_o, amax_o, h_o, mean_o, rstd_o = out
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cupy.cuda.runtime.memsetAsync(_ptr(amax_o), 0, 4, int(ctx.stream))  # the kernel merges into it
+            # launched for M = 0 too: one block writes scale_inv
+            cuda_norms.forward_fp8(_ptr(x), _ptr(res), _ptr(w), _ptr(b), _ptr(y_o), _ptr(h_o), _ptr(mean_o),
+                                   _ptr(rstd_o), _ptr(scale), _ptr(sinv_o), _ptr(amax_o), M, N, x_dt, w_dt, fmt,
+                                   eps, int(zc), rms, dev, ctx.stream)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
