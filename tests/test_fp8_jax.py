@@ -198,6 +198,63 @@ def test_norm_fp8_output(dev, rms, variant, shape):
                                            atol=1e-6)
 
 
+def jax_operands(t, d):
+    s = np.asarray(t.scale_inv, np.float32)
+    s = s.reshape(1) if t.mode == "tensor" else s
+    return FP8Tensor(jax.device_put(jnp.asarray(np.asarray(t.data)), d), jax.device_put(jnp.asarray(s), d), t.fmt,
+                     mode=t.mode, block=t.block)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("scaling", ["split", "fast", "block"])
+@pytest.mark.parametrize("case", ["plain_f32", "bias_gelu_bf16", "fp8_out", "accumulate"])
+def test_fp8_gemm(dev, scaling, case):
+    """fusedkit.fp8_gemm on JAX: traced (every device) and eager on a GPU, against the float64 reference
+    of the same FP8 operands (relative error 1e-3, fast accumulation 1e-2; bf16 and FP8 outputs within
+    their rounding); the FP8 output's amax and scale_inv; accumulate_into returned as a new array."""
+    from test_fp8_gemm import host_operands, rel_err
+    from fusedkit.reference import gemm as ref_gemm
+    M, N, K = 144, 272, 384
+    rng = rng_for("gemm", scaling, case)
+    a, b = host_operands(rng, M, N, K, "e4m3", "e4m3" if case != "fp8_out" else "e5m2",
+                         "block" if scaling == "block" else "tensor")
+    if case == "fp8_out" and scaling == "block":
+        a, b = host_operands(rng, M, N, K, "e4m3", "e4m3", "block")
+    d = device(dev)
+    A, B = jax_operands(a, d), jax_operands(b, d)
+    kw = dict(use_split_accumulator=scaling != "fast")
+    bias = acc = None
+    if case == "bias_gelu_bf16":
+        bias = rng.standard_normal(N).astype(fk_np_dtype("bfloat16"))
+        kw.update(out_dtype="bfloat16", bias=jax.device_put(jnp.asarray(bias), d), activation="gelu")
+    elif case == "fp8_out":
+        kw.update(out_dtype="e4m3", out_scale=np.float32(8.0), bias=jax.device_put(jnp.zeros(N, jnp.float32), d),
+                  activation="relu")
+    elif case == "accumulate":
+        acc = rng.standard_normal((M, N)).astype(np.float32)
+        kw.update(out_dtype="float32", accumulate_into=jax.device_put(jnp.asarray(acc), d))
+    else:
+        kw.update(out_dtype="float32")
+    want = ref_gemm.fp8_gemm(a, b, out_dtype="float32", bias=None if bias is None else bias.astype(np.float32),
+                             activation=kw.get("activation"), accumulate_into=None if acc is None else acc.copy())
+    tol = 1e-2 if scaling == "fast" or case == "bias_gelu_bf16" else 1e-3
+    runs = [jax.jit(lambda A, B, kw=kw: fk.fp8_gemm(A, B, **kw))(A, B)]
+    if dev == "gpu":
+        runs.append(fk.fp8_gemm(A, B, **kw))
+    for got in runs:
+        if case == "fp8_out":
+            assert isinstance(got, FP8Tensor) and got.fmt.name == "e4m3"
+            assert to_numpy(got.scale_inv).reshape(()) == np.float32(1 / 8.0)
+            vals = ref.dequantize(to_numpy(got.data), np.float32(1 / 8.0), "e4m3", np.float64)
+            relu = np.maximum(want, 0)
+            assert rel_err(vals, np.clip(relu, 0, 448 / 8.0)) < 0.05  # E4M3's 3 mantissa bits
+            np.testing.assert_allclose(to_numpy(got.amax).reshape(()), relu.max(), rtol=tol)
+        else:
+            assert rel_err(to_numpy(got).astype(np.float32), want) < tol
+    if acc is not None:
+        np.testing.assert_array_equal(to_numpy(kw["accumulate_into"]), acc)  # not updated in place
+
+
 def test_errors_on_jax():
     """What JAX arrays cannot do says so (traced values stand in for GPU arrays here)."""
     X = jnp.ones((4, 64), jnp.float32)
@@ -217,6 +274,13 @@ def test_errors_on_jax():
         traced(lambda X: fk.quantize(X, scale=jnp.ones((2,), jnp.float32)).data)
     with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
         jax.jit(lambda X: fk.quantize(X.astype(jnp.int32), scale=1.0).data)(X)
+    a = FP8Tensor(jnp.zeros((16, 32), jnp.uint8), jnp.ones((1,), jnp.float32), "e5m2")
+    with pytest.raises(NotImplementedError, match="format pairs"):
+        jax.jit(lambda A: fk.fp8_gemm(A, A))(a)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="must be a JAX array"):
+        jax.jit(lambda A: fk.fp8_gemm(A, A, out_dtype="e4m3", out_scale=torch.ones(1)).data)(
+            FP8Tensor(a.data, a.scale_inv, "e4m3"))
     t = FP8Tensor(jnp.zeros((4, 64), jnp.uint8), jnp.ones((4, 1), jnp.float32), "e4m3", mode="mxfp8", block=32)
     with pytest.raises(ValueError, match="must hold 4 x 2 uint8"):
         jax.jit(lambda T: fk.dequantize(T))(t)
@@ -289,6 +353,35 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     assert calls == [("memset", 13, 0, 4, 77),
                      ("forward_fp8", 21, 22, 23, 24, 11, 14, 15, 16, 25, 12, 13, 6, 40, "bfloat16", "float32", "e4m3",
                       1e-5, 0, False, 0, 77)]
+    calls.clear()
+    # FP8 GEMM with accumulate_into and an FP8 output... (FP8 output excludes accumulate: two calls)
+    from fusedkit.backends import cuda_gemm
+    monkeypatch.setattr(cuda_gemm, "supported", lambda dev: True)
+    monkeypatch.setattr(cuda_gemm, "plan", lambda *a: calls.append(("plan",) + a) or "PLAN")
+    monkeypatch.setattr(cuda_gemm, "launch", lambda *a: calls.append(("launch",) + a))
+    cupy_rt = sys.modules["cupy"].cuda.runtime
+    cupy_rt.memcpyAsync = lambda *a: calls.append(("memcpy",) + a)
+    cupy_rt.memcpyDeviceToDevice = 3
+    M, N, K = 32, 48, 64
+    key = (M, N, K, "e4m3", "e4m3", "tensor", "float32", "bfloat16", "gelu", 0, True, True)
+    out = [_FakeBuffer((M, N), "f4", 100), None]
+    ins = [_FakeBuffer((M, K), "u1", 101), _FakeBuffer((N, K), "u1", 102), _FakeBuffer((1,), "f4", 103),
+           _FakeBuffer((1,), "f4", 104), _FakeBuffer((N,), "uint16", 105), None, _FakeBuffer((M, N), "f4", 106)]
+    _prims._gemm_plans.clear()
+    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)
+    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)   # planned once per (problem, device)
+    launch = ("launch", "PLAN", 101, 102, 100, 105, 103, 104, 0, 0, 77)
+    assert calls == [("plan", M, N, K, "e4m3", "e4m3", "split", "float32", "bfloat16", 0, True, 0),
+                     ("memcpy", 100, 106, M * N * 4, 3, 77), launch, ("memcpy", 100, 106, M * N * 4, 3, 77), launch]
+    calls.clear()
+    key = (M, N, K, "e4m3", "e5m2", "block", "e4m3", None, None, -1, False, True)
+    out = [_FakeBuffer((M, N), "u1", 200), _FakeBuffer((1,), "f4", 201)]
+    ins = [_FakeBuffer((M, K), "u1", 202), _FakeBuffer((N, K), "u1", 203), _FakeBuffer((M, 1), "f4", 204),
+           _FakeBuffer((1, 1), "f4", 205), None, _FakeBuffer((1,), "f4", 206), None]
+    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)
+    assert calls == [("plan", M, N, K, "e4m3", "e5m2", "block", "e4m3", None, -1, False, 0),
+                     ("memset", 201, 0, 4, 77), ("launch", "PLAN", 202, 203, 200, 0, 204, 205, 206, 201, 77)]
+    _prims._gemm_plans.clear()
     # the traced results: current scaling's scratch is dropped, the transposed bytes are (N, M)
     res = _prims._fp8_quantize_results((shape, "bfloat16", "e4m3", True, 0.0, False, True))
     assert [None if r is None else r.shape for r in res] == [shape, (40, 6), (1,), (1,), (1,)]

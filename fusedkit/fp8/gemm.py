@@ -14,7 +14,10 @@ Layout and scaling rules (docs/fp8_gemm.rst):
     the scale, for the next delayed-scaling step).
 Backends: NumPy (and CPU torch / JAX) inputs run the float64 reference (fusedkit.reference.gemm); CUDA
 inputs (CuPy, torch) run cuda/fp8_gemm_sm90.cu on compute capability 9.0, and elsewhere a fallback with
-the same numerics (dequantize, fp32 matmul through CuPy/cuBLAS, the epilogue in fp32).
+the same numerics (dequantize, fp32 matmul through CuPy/cuBLAS, the epilogue in fp32). JAX GPU arrays
+and traced values inside ``jax.jit`` run the sm_90 kernel through an XLA buffer callback on XLA's
+stream (the reference under jit on the CPU); there ``accumulate_into`` is read, not updated (JAX arrays
+are immutable): the sum comes back as a new array.
 """
 from __future__ import annotations
 
@@ -136,7 +139,8 @@ def fp8_gemm(a: FP8Tensor, b: FP8Tensor, *, out_dtype="bfloat16", bias=None, act
     if kind in _HOST:
         return _host(a, b, kind, bias, out_scale, accumulate_into, kw)
     if kind == _interop.JAX:
-        raise NotImplementedError(f"{WHO} on JAX GPU arrays is not implemented yet (issue 5)")
+        return _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, use_split_accumulator,
+                    activation)
     res, launch = _device(a, b, kind, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into,
                           use_split_accumulator, activation)
     if launch is not None:
@@ -156,6 +160,54 @@ def _host(a, b, kind, bias, out_scale, accumulate_into, kw):
     if isinstance(res, FP8Tensor):
         return FP8Tensor(_interop.from_numpy(res.data, kind), res.scale_inv, res.fmt, res.amax)
     return _interop.from_numpy(res, kind)
+
+
+# ----------------------------------------------------------------------------------------------------
+# JAX GPU arrays and tracers: an XLA buffer callback around the same kernel (fusedkit/jax/_prims.py)
+
+def _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, split, activation):
+    import jax.numpy as jnp
+
+    from ..backends import cuda_gemm
+    from ..jax import _prims
+    pair = (a.fmt.name, b.fmt.name)
+    if pair not in cuda_gemm.PAIRS:
+        raise NotImplementedError(f"{WHO} on JAX arrays: the kernel takes the format pairs "
+                                  f"{', '.join(f'{x} x {y}' for x, y in cuda_gemm.PAIRS)}, got {pair[0]} x {pair[1]}")
+    if K == 0:
+        raise ValueError(f"{WHO} on JAX arrays needs K > 0 (the product of an empty K is the epilogue alone)")
+
+    def per_tensor(s, what):
+        if hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic)):
+            if _interop.framework(s) not in _interop.JAX_KINDS:
+                raise TypeError(f"{WHO}: `{what}` must be a JAX array like the operands, or a float")
+            if int(np.prod(s.shape)) != 1 or _dtype_name(s) != "float32":
+                raise ValueError(f"{WHO}: `{what}` must be a float or a 1-element float32 array")
+            return jnp.reshape(s, (1,))
+        return jnp.full((1,), np.float32(np.asarray(s).reshape(())), jnp.float32)
+
+    def blocks(t, shape, what):
+        s = t.scale_inv
+        if not hasattr(s, "shape") or _interop.framework(s) not in _interop.JAX_KINDS:
+            raise TypeError(f"{WHO}: the block scales of `{what}` must be a JAX array like its data")
+        if tuple(s.shape) != shape or _dtype_name(s) != "float32":
+            raise ValueError(f"{WHO}: `{what}.scale_inv` must be float32 of shape {shape}, got "
+                             f"{tuple(s.shape)} {_dtype_name(s)}")
+        return s
+
+    if mode == "tensor":
+        sa, sb = per_tensor(a.scale_inv, "a.scale_inv"), per_tensor(b.scale_inv, "b.scale_inv")
+    else:
+        kb = -(-K // 128)
+        sa, sb = blocks(a, (M, kb), "a"), blocks(b, (-(-N // 128), kb), "b")
+    fp8_out = out_kind in ("e4m3", "e5m2")
+    os_ = per_tensor(out_scale, "out_scale") if fp8_out else None
+    key = (M, N, K, pair[0], pair[1], mode, out_kind, None if bias is None else _dtype_name(bias), activation, act,
+           accumulate_into is not None, bool(split))
+    out, amax = _prims.fp8_gemm(a.data, b.data, sa, sb, bias, os_, accumulate_into, key)
+    if fp8_out:
+        return FP8Tensor(out, (1.0 / os_).astype(jnp.float32), out_kind, amax)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------

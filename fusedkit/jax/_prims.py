@@ -717,3 +717,82 @@ def _norm_fp8_callbacks(key):
                                    eps, int(zc), rms, dev, ctx.stream)
 
     return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# FP8 GEMM (fusedkit.fp8_gemm): the sm_90 kernel of cuda/fp8_gemm_sm90.cu on XLA's stream, planned once
+# per (problem, device) as fusedkit/_callcache.py does for CuPy and torch. ``accumulate_into`` is an input
+# here (JAX arrays are immutable): it is copied into the output on the stream, and the kernel adds into
+# that. A stream-K tail's workspace is the persistent one cuda_gemm keeps per (device, stream).
+
+def fp8_gemm(a_data, b_data, scale_a, scale_b, bias, out_scale, acc, key):
+    """(out, amax or None): key = (M, N, K, fa, fb, mode, out_kind, bias_dtype, activation, act_id,
+    accumulate, split); scale_a / scale_b 1-element float32 arrays (per tensor) or the block scales."""
+    return _dispatch(_gemm_callable("cpu", key), lambda device: _gemm_callable("gpu", key),
+                     (a_data, b_data, scale_a, scale_b, bias, out_scale, acc))
+
+
+def _gemm_results(key):
+    M, N, K, fa, fb, mode, out_kind, bias_dt, activation, act_id, accumulate, split = key
+    fp8_out = out_kind in ("e4m3", "e5m2")
+    return (_sds((M, N), "uint8" if fp8_out else out_kind), _sds((1,), "float32") if fp8_out else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_callable(platform: str, key):
+    return buffer_callback(_gemm_callbacks(key)[platform], _gemm_results(key), vmap_method=_VMAP)
+
+
+_gemm_plans: dict = {}
+
+
+def _gemm_callbacks(key):
+    """{"cpu": callback, "gpu": callback} of the FP8 GEMM (tests run the GPU one on fake buffers)."""
+    M, N, K, fa, fb, mode, out_kind, bias_dt, activation, act_id, accumulate, split = key
+    fp8_out = out_kind in ("e4m3", "e5m2")
+
+    def cpu_cb(ctx, out, a, b, sa, sb, bias, out_scale, acc):
+        from ..fp8.tensor import FP8Tensor
+        from ..reference import gemm as ref_gemm
+        out_o, amax_o = out
+        if mode == "tensor":
+            ta = FP8Tensor(_np(a), _np(sa).reshape(()), fa)
+            tb = FP8Tensor(_np(b), _np(sb).reshape(()), fb)
+        else:
+            ta = FP8Tensor(_np(a), _np(sa), fa, mode="block", block=(1, 128))
+            tb = FP8Tensor(_np(b), _np(sb), fb, mode="block", block=(128, 128))
+        r = ref_gemm.fp8_gemm(ta, tb, out_dtype=out_kind, bias=_np(bias), activation=activation,
+                              out_scale=None if out_scale is None else _np(out_scale).reshape(()),
+                              accumulate_into=None if acc is None else np.array(_np(acc)))
+        if fp8_out:
+            np.asarray(out_o)[...] = r.data
+            np.asarray(amax_o)[...] = r.amax
+        else:
+            np.asarray(out_o)[...] = r
+
+    def gpu_cb(ctx, out, a, b, sa, sb, bias, out_scale, acc):
+        import cupy
+
+        from ..backends import cuda_gemm
+        out_o, amax_o = out
+        dev = a.__dlpack_device__()[1]
+        stream = int(ctx.stream)
+        with cupy.cuda.Device(dev):
+            if not cuda_gemm.supported(dev):
+                raise RuntimeError("fusedkit.fp8_gemm on JAX arrays runs the sm_90 kernel only (compute "
+                                   "capability 9.0); on other GPUs pass CuPy or torch views of the operands")
+            pl = _gemm_plans.get((key, dev))
+            if pl is None:
+                gmode = "block" if mode == "block" else ("split" if split else "fast")
+                pl = _gemm_plans[(key, dev)] = cuda_gemm.plan(M, N, K, fa, fb, gmode, out_kind, bias_dt, act_id,
+                                                              accumulate, dev)
+            if fp8_out:
+                cupy.cuda.runtime.memsetAsync(_ptr(amax_o), 0, 4, stream)  # the kernel merges into it
+            if accumulate:  # C += A B^T on a copy of accumulate_into
+                nbytes = M * N * (4 if out_kind == "float32" else 2)
+                cupy.cuda.runtime.memcpyAsync(_ptr(out_o), _ptr(acc), nbytes,
+                                              cupy.cuda.runtime.memcpyDeviceToDevice, stream)
+            cuda_gemm.launch(pl, _ptr(a), _ptr(b), _ptr(out_o), _ptr(bias), _ptr(sa), _ptr(sb), _ptr(out_scale),
+                             _ptr(amax_o), stream)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
