@@ -198,6 +198,49 @@ def test_norm_fp8_output(dev, rms, variant, shape):
                                            atol=1e-6)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("op", ["cast_transpose_dbias", "dact_gelu_dbias", "dact_silu"])
+@pytest.mark.parametrize("scaling", ["delayed", "current"])
+@pytest.mark.parametrize("shape", [(3, 40, 136), (130, 13)], ids=str)
+def test_fused_casts(dev, op, scaling, shape):
+    """cast_transpose_dbias / dact_cast_transpose on JAX: bytes (row-wise and transposed), scale_inv,
+    amax and dbias equal the reference's, traced (every device) and eagerly on a GPU ((130, 13): rows
+    the 16-byte loads can't take, g through the fp32 scratch)."""
+    rng = rng_for("ct", op, scaling, shape)
+    dy = (rng.standard_normal(shape) * 2.0).astype(fk_np_dtype("bfloat16"))
+    x = (rng.standard_normal(shape) * 1.5).astype(fk_np_dtype("bfloat16"))
+    scale = np.float32(rng.uniform(20.0, 60.0)) if scaling == "delayed" else None
+    act = {"dact_gelu_dbias": "gelu", "dact_silu": "silu"}.get(op)
+    d = device(dev)
+    DY, X = (jax.device_put(jnp.asarray(a), d) for a in (dy, x))
+    if act is None:
+        want = ref.cast_transpose_dbias(dy, "e5m2", scale)
+
+        def run(DY, X):
+            return fk.cast_transpose_dbias(DY, scale=scale)
+    else:
+        want = ref.dact_cast_transpose(dy, x, act, "e5m2", scale)
+
+        def run(DY, X):
+            return fk.dact_cast_transpose(DY, X, activation=act, scale=scale, dbias=op.endswith("dbias"))
+    data, data_t, sinv, amax, db = want
+    for r in [jax.jit(run)(DY, X)] + ([run(DY, X)] if dev == "gpu" else []):
+        t, got_db = r if isinstance(r, tuple) else (r, None)
+        np.testing.assert_array_equal(to_numpy(t.data), data)
+        np.testing.assert_array_equal(to_numpy(t.data_t), data_t)
+        assert to_numpy(t.scale_inv).reshape(()) == np.float32(sinv)
+        assert to_numpy(t.amax).reshape(()) == np.float32(amax)
+        if op == "dact_silu":
+            assert got_db is None
+        else:
+            assert str(got_db.dtype) == "bfloat16"
+            if dev == "cpu":
+                np.testing.assert_array_equal(to_numpy(got_db), db)
+            else:  # fixed-order fp32 partial sums: within bf16 rounding of the reference's
+                np.testing.assert_allclose(to_numpy(got_db).astype(np.float32), np.asarray(db, np.float32),
+                                           rtol=2e-2, atol=2e-2)
+
+
 def jax_operands(t, d):
     s = np.asarray(t.scale_inv, np.float32)
     s = s.reshape(1) if t.mode == "tensor" else s
@@ -309,8 +352,8 @@ def _fake_gpu(monkeypatch):
                                       runtime=types.SimpleNamespace(
                                           memsetAsync=lambda *a: calls.append(("memset",) + a)))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    for name in ("quantize", "cast_transpose", "dequantize"):
-        monkeypatch.setattr(cuda_fp8, name, lambda *a, _n=name: calls.append((_n,) + a))
+    for name in ("quantize", "cast_transpose", "dequantize", "cast_transpose_fused"):
+        monkeypatch.setattr(cuda_fp8, name, lambda *a, _n=name, **k: calls.append((_n,) + a + tuple(k.items())))
     return calls
 
 
@@ -353,6 +396,24 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     assert calls == [("memset", 13, 0, 4, 77),
                      ("forward_fp8", 21, 22, 23, 24, 11, 14, 15, 16, 25, 12, 13, 6, 40, "bfloat16", "float32", "e4m3",
                       1e-5, 0, False, 0, 77)]
+    calls.clear()
+    # dact_cast_transpose with dbias, delayed scaling, rows of 13 (g through the fp32 scratch): the amax and
+    # ticket buffer zeroed whole, tickets after the amax, the scratch pointers
+    M, N = 300, 13
+    key = ((M, N), "bfloat16", "e5m2", "gelu", 3, False, 0.0, False, True)
+    res = _prims._ct_fused_results(key)
+    gx, gy = 1, 1
+    assert [None if r is None else r.shape for r in res] == [(M, N), (N, M), (1,), (1 + gx,), (N,), (gy, N), None,
+                                                              (M, N)]
+    assert str(res[4].dtype) == "float32"  # the fp32 kernel's dbias, rounded to bf16 afterwards
+    out = [_FakeBuffer((M, N), "u1", 300), _FakeBuffer((N, M), "u1", 304), _FakeBuffer((1,), "f4", 308),
+           _FakeBuffer((2,), "f4", 312), _FakeBuffer((N,), "f4", 330), _FakeBuffer((1, N), "f4", 320), None,
+           _FakeBuffer((M, N), "f4", 400)]
+    _prims._ct_fused_callbacks(key)["gpu"](ctx, out, _FakeBuffer((M, N), "uint16", 500),
+                                          _FakeBuffer((M, N), "uint16", 600), _FakeBuffer((1,), "f4", 700))
+    assert calls == [("memset", 312, 0, 8, 77),
+                     ("cast_transpose_fused", 600, 500, 300, 304, 700, 0, 0, 308, 312, 320, 316, 330, M, N,
+                      "bfloat16", "e5m2", 3, False, 0.0, 0, 0, 77, ("g", 400))]
     calls.clear()
     # FP8 GEMM with accumulate_into and an FP8 output... (FP8 output excludes accumulate: two calls)
     from fusedkit.backends import cuda_gemm

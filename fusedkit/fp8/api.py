@@ -100,8 +100,6 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
 def _quantize_jax(x, f, scale, rec, transpose, amax_out):
     """quantize on JAX GPU arrays and tracers: XLA buffer callbacks (fusedkit/jax/_prims.py) running the
     kernels of the CuPy path on XLA's stream (the CPU reference under jit on the CPU)."""
-    import jax.numpy as jnp
-
     from ..jax import _prims
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, "fusedkit.quantize")  # raises: JAX arrays are immutable
@@ -109,14 +107,7 @@ def _quantize_jax(x, f, scale, rec, transpose, amax_out):
     if x_dt not in ("float32", "float16", "bfloat16"):
         raise TypeError(f"fusedkit.quantize: x must be float32, float16 or bfloat16, got {x_dt}")
     if scale is not None:
-        on_device = hasattr(scale, "shape") and not isinstance(scale, (np.ndarray, np.generic))
-        if on_device and _interop.framework(scale) not in _interop.JAX_KINDS:
-            raise TypeError("fusedkit.quantize: `scale` must be a JAX array like the input, or a float")
-        if np.size(scale) != 1 or (hasattr(scale, "dtype") and _dtypes.canonical_or_name(scale.dtype) != "float32"
-                                   and on_device):
-            raise ValueError("fusedkit.quantize: `scale` must be a float or a 1-element float32 array")
-        scale = (jnp.reshape(scale, (1,)) if on_device
-                 else jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32))
+        scale = _jax_scale(scale, "fusedkit.quantize")
     data, data_t, sinv, amax = _prims.fp8_quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales,
                                                    transpose)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
@@ -207,7 +198,7 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
         t = FP8Tensor(_interop.from_numpy(data, kind), sinv, f, amax, data_t=_interop.from_numpy(data_t, kind))
         return t, (_interop.from_numpy(db, kind) if want_dbias else None)
     if kind == _interop.JAX:
-        raise NotImplementedError(f"{who} on JAX arrays is not implemented yet (issue 4)")
+        return _cast_transpose_fused_jax(dy, x, activation, f, scale, rec, want_dbias, who, amax_out, d_dt)
     from ..backends import cuda_fp8
 
     D = _interop.view(dy, kind, "dy")
@@ -250,6 +241,32 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
         else:
             db = db.astype(d_dt)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t), db
+
+
+def _cast_transpose_fused_jax(dy, x, activation, f, scale, rec, want_dbias, who, amax_out, d_dt):
+    """cast_transpose_dbias / dact_cast_transpose on JAX GPU arrays and tracers (an XLA buffer callback)."""
+    from ..backends import cuda_fp8
+    from ..jax import _prims
+    if amax_out is not None:
+        _amax.check(amax_out, _interop.JAX, who)  # raises: JAX arrays are immutable
+    s = None if scale is None else _jax_scale(scale, who)
+    key = (tuple(dy.shape), d_dt, f.name, activation, cuda_fp8.DACT_ID[activation] if x is not None else -1,
+           scale is None, float(rec.amax_epsilon), bool(rec.power_of_2_scales), bool(want_dbias))
+    data, data_t, sinv, amax, db = _prims.fp8_cast_transpose_fused(dy, x, s, key)
+    return FP8Tensor(data, sinv, f, amax, data_t=data_t), db
+
+
+def _jax_scale(scale, who):
+    """A delayed scale for a JAX call as a (1,) float32 JAX array: a float / NumPy value, or a 1-element
+    float32 JAX array."""
+    import jax.numpy as jnp
+    on_device = hasattr(scale, "shape") and not isinstance(scale, (np.ndarray, np.generic))
+    if on_device and _interop.framework(scale) not in _interop.JAX_KINDS:
+        raise TypeError(f"{who}: `scale` must be a JAX array like the input, or a float")
+    if np.size(scale) != 1 or (on_device and _dtypes.canonical_or_name(scale.dtype) != "float32"):
+        raise ValueError(f"{who}: `scale` must be a float or a 1-element float32 array")
+    return (jnp.reshape(scale, (1,)) if on_device
+            else jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32))
 
 
 def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:

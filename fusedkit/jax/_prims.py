@@ -796,3 +796,98 @@ def _gemm_callbacks(key):
                              _ptr(amax_o), stream)
 
     return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# cast_transpose_dbias / dact_cast_transpose (fusedkit.fp8.api._cast_transpose_fused): fp8_ct_tile on
+# XLA's stream. Its scratch is extra outputs, dropped afterwards: one zeroed fp32 buffer of the amax and
+# the dbias ticket counters, the dbias partial rows, current scaling's scale, and (dact on rows of
+# N % 8 != 0, which the 16-byte loads can't take) an fp32 g that the fp32 kernel then casts.
+
+def fp8_cast_transpose_fused(dy, x, scale, key):
+    """(data, data_t, scale_inv, amax, dbias or None); key = (shape, dy dtype, fmt, activation or None,
+    act_id, current, eps, pow2, want_dbias)."""
+    return _dispatch(_ct_fused_callable("cpu", key), lambda device: _ct_fused_callable("gpu", key), (dy, x, scale))
+
+
+def _ct_fused_dims(key):
+    shape, d_dt, fmt, activation, act_id, current, eps, pow2, want_dbias = key
+    N = shape[-1]
+    M = math.prod(shape[:-1]) if N else 0
+    g_scratch = activation is not None and N % 8 != 0
+    return M, N, g_scratch
+
+
+def _ct_fused_results(key):
+    from ..backends import cuda_fp8
+    shape, d_dt, fmt, activation, act_id, current, eps, pow2, want_dbias = key
+    M, N, g_scratch = _ct_fused_dims(key)
+    gx, gy = cuda_fp8.ct_grid(M, N, want_dbias)
+    return (_sds(shape, "uint8"), _sds((N, M), "uint8"), _sds((1,), "float32"),
+            _sds((1 + (gx if want_dbias else 0),), "float32"),
+            _sds((N,), "float32" if g_scratch else d_dt) if want_dbias else None,
+            _sds((gy, N), "float32") if want_dbias else None,
+            _sds((1,), "float32") if current else None,
+            _sds((M, N), "float32") if g_scratch else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _ct_fused_callable(platform: str, key):
+    call = buffer_callback(_ct_fused_callbacks(key)[platform], _ct_fused_results(key), vmap_method=_VMAP)
+    d_dt = key[1]
+
+    def run(dy, x, scale):
+        data, data_t, sinv, buf, db = call(dy, x, scale)[:5]
+        if db is not None and str(db.dtype) != str(_dtypes.numpy_dtype(d_dt)):
+            db = db.astype(_dtypes.numpy_dtype(d_dt))  # the fp32 kernel's dbias, rounded to dy's dtype
+        return data, data_t, sinv, buf[:1], db
+
+    return run
+
+
+def _ct_fused_callbacks(key):
+    """{"cpu": callback, "gpu": callback} (tests run the GPU one on fake buffers)."""
+    shape, d_dt, fmt, activation, act_id, current, eps, pow2, want_dbias = key
+    M, N, g_scratch = _ct_fused_dims(key)
+
+    def cpu_cb(ctx, out, dy, x, scale):
+        data_o, data_t_o, sinv_o, buf_o, db_o = out[:5]
+        s = None if current else np.float32(_np(scale).reshape(()))
+        if x is None:
+            data, data_t, sinv, amax, db = _ref.fp8.cast_transpose_dbias(_np(dy), fmt, s, eps, pow2)
+        else:
+            data, data_t, sinv, amax, db = _ref.fp8.dact_cast_transpose(_np(dy), _np(x), activation, fmt, s, eps,
+                                                                        pow2)
+        np.asarray(data_o)[...] = data
+        np.asarray(data_t_o)[...] = data_t
+        np.asarray(sinv_o)[...] = sinv
+        np.asarray(buf_o)[:1] = amax
+        if db_o is not None:
+            np.asarray(db_o)[...] = db
+
+    def gpu_cb(ctx, out, dy, x, scale):
+        import cupy
+
+        from ..backends import cuda_fp8
+        data_o, data_t_o, sinv_o, buf_o, db_o, part_o, scale_o, g_o = out
+        dev = dy.__dlpack_device__()[1]
+        stream = int(ctx.stream)
+        bp = _ptr(buf_o)
+        if current:  # the amax pass fills buf[0], the cast derives its scale from it into scale_o
+            sptr, amax_in, scale_out, amax_out = 0, bp, _ptr(scale_o), 0
+        else:
+            sptr, amax_in, scale_out, amax_out = _ptr(scale), 0, 0, bp
+        if (x is not None and not g_scratch
+                and cuda_fp8.ct_fast_vec(N, (_ptr(x), _ptr(dy)), (_ptr(data_o), _ptr(data_t_o))) == 1):
+            raise RuntimeError("fusedkit: dact_cast_transpose on JAX: XLA handed buffers the 16-byte loads "
+                               "cannot take and no fp32 scratch was staged (internal error)")
+        with cupy.cuda.Device(dev):
+            cupy.cuda.runtime.memsetAsync(bp, 0, 4 * buf_o.shape[0], stream)  # amax, dbias tickets
+            # launched for empty tensors too: block (0, 0) writes scale_inv; dbias of M = 0 rows is zeros
+            cuda_fp8.cast_transpose_fused(_ptr(dy) if x is None else _ptr(x), 0 if x is None else _ptr(dy),
+                                          _ptr(data_o), _ptr(data_t_o), sptr, amax_in, scale_out, _ptr(sinv_o),
+                                          amax_out, _ptr(part_o), bp + 4 if want_dbias else 0, _ptr(db_o), M, N,
+                                          d_dt, fmt, -1 if x is None else act_id, current, eps, int(pow2), dev,
+                                          ctx.stream, g=_ptr(g_o))
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
