@@ -241,6 +241,33 @@ def test_fused_casts(dev, op, scaling, shape):
                                            rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8_cols", "1x128", "128x128"])
+@pytest.mark.parametrize("shape", [(130, 300), (64, 256)], ids=str)
+def test_quantize_blocks(dev, recipe, shape):
+    """Block-scaled quantize on JAX: bytes and scales equal the reference's (traced; eager on a GPU), and
+    dequantize brings the values back within the format's precision."""
+    rng = rng_for("blocks", recipe, shape)
+    x = (rng.standard_normal(shape) * np.exp(rng.standard_normal((shape[0], 1)))).astype(fk_np_dtype("bfloat16"))
+    X = jax.device_put(jnp.asarray(x), device(dev))
+    if recipe == "mxfp8":
+        want = ref.quantize_mxfp8(x, "e4m3", 32)
+        kw = dict(recipe=fp8.MXFP8Scaling())
+    elif recipe == "mxfp8_cols":
+        want = ref.quantize_mxfp8_columnwise(x, "e4m3", 32)
+        kw = dict(recipe=fp8.MXFP8Scaling(), columnwise=True)
+    else:
+        want = ref.quantize_blockwise(x, (1, 128) if recipe == "1x128" else (128, 128), "e4m3")
+        kw = dict(recipe=fp8.BlockScaling(), weight=recipe == "128x128")
+    runs = [jax.jit(lambda X: fk.quantize(X, **kw))(X)] + ([fk.quantize(X, **kw)] if dev == "gpu" else [])
+    for t in runs:
+        np.testing.assert_array_equal(to_numpy(t.data), want[0])
+        np.testing.assert_array_equal(to_numpy(t.scale_inv), want[1])
+        back = to_numpy(jax.jit(lambda T: fk.dequantize(T, "float32"))(t))
+        xf = x.astype(np.float32)
+        assert np.linalg.norm(back - xf) / np.linalg.norm(xf) < 0.05
+
+
 def jax_operands(t, d):
     s = np.asarray(t.scale_inv, np.float32)
     s = s.reshape(1) if t.mode == "tensor" else s
@@ -311,8 +338,8 @@ def test_errors_on_jax():
         traced(lambda X: fk.layer_norm(X, fp8_fmt="e4m3", fp8_scale=1.0, fp8_amax_out=jnp.zeros((1,))).data)
     with pytest.raises(ValueError, match="positive finite"):
         traced(lambda X: fk.rms_norm(X, fp8_fmt="e4m3", fp8_scale=-1.0).data)
-    with pytest.raises(NotImplementedError, match="block-scaled"):
-        traced(lambda X: fk.quantize(X, recipe=fp8.MXFP8Scaling()).data)
+    with pytest.raises(ValueError, match="2-D"):
+        jax.jit(lambda X: fk.quantize(X, recipe=fp8.BlockScaling()).data)(jnp.ones((2, 4, 128), jnp.float32))
     with pytest.raises(ValueError, match="1-element float32"):
         traced(lambda X: fk.quantize(X, scale=jnp.ones((2,), jnp.float32)).data)
     with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
@@ -352,7 +379,8 @@ def _fake_gpu(monkeypatch):
                                       runtime=types.SimpleNamespace(
                                           memsetAsync=lambda *a: calls.append(("memset",) + a)))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    for name in ("quantize", "cast_transpose", "dequantize", "cast_transpose_fused"):
+    for name in ("quantize", "cast_transpose", "dequantize", "cast_transpose_fused", "quantize_blocks",
+                 "quantize_blocks_2d", "quantize_mx_columnwise"):
         monkeypatch.setattr(cuda_fp8, name, lambda *a, _n=name, **k: calls.append((_n,) + a + tuple(k.items())))
     return calls
 
@@ -397,6 +425,18 @@ def test_gpu_callbacks_dry_run(monkeypatch):
                      ("forward_fp8", 21, 22, 23, 24, 11, 14, 15, 16, 25, 12, 13, 6, 40, "bfloat16", "float32", "e4m3",
                       1e-5, 0, False, 0, 77)]
     calls.clear()
+    # block-scaled quantize: x viewed as (M, K) = (6, 40), the kernel of each variant
+    for variant, want in (("mxfp8", ("quantize_blocks", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", True, 0, 77)),
+                          ("1x128", ("quantize_blocks", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", False, 0, 77)),
+                          ("128x128", ("quantize_blocks_2d", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", 0, 77)),
+                          ("mxfp8_cols", ("quantize_mx_columnwise", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", 0,
+                                          77))):
+        _prims._blocks_callbacks((shape, "bfloat16", "e4m3", variant))["gpu"](
+            ctx, [_FakeBuffer(shape, "u1", 3000), _FakeBuffer((1,), "u1", 4000)], x)
+        assert calls.pop() == want
+    assert _prims._blocks_dims((3, 2, 300), "mxfp8")[2:] == ((3, 2, 10), "uint8")
+    assert _prims._blocks_dims((70, 300), "mxfp8_cols")[2:] == ((3, 300), "uint8")
+    assert _prims._blocks_dims((130, 300), "128x128")[2:] == ((2, 3), "float32")
     # dact_cast_transpose with dbias, delayed scaling, rows of 13 (g through the fp32 scratch): the amax and
     # ticket buffer zeroed whole, tickets after the amax, the scratch pointers
     M, N = 300, 13

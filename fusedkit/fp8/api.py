@@ -11,8 +11,7 @@ quantize(x, fmt="e4m3", scale=None, recipe=None, transpose=False) -> FP8Tensor
   weight-gradient GEMM).
 NumPy (and CPU torch/JAX) inputs use the CPU reference; CuPy and CUDA torch inputs the kernels of
 cuda/fp8_cast.cu; JAX GPU arrays (and tracers inside ``jax.jit``) the same kernels through XLA buffer
-callbacks (per-tensor quantize and cast-transpose, dequantize of every mode; block-scaled quantize on
-JAX raises NotImplementedError).
+callbacks (every quantize mode, the fused casts, dequantize).
 """
 from __future__ import annotations
 
@@ -286,12 +285,16 @@ def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
             data, sc = _ref.quantize_blockwise(xa, tuple(block), f)
         return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f,
                          mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
-    if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.quantize: block-scaled recipes on JAX GPU arrays are not implemented yet "
-                                  "(issue 4); per-tensor scaling (scale= or CurrentScaling) is")
     if not mx and tuple(block) not in ((1, 128), (128, 128)):
         raise ValueError(f"fusedkit.quantize: block scaling supports 1 x 128 and 128 x 128 blocks on the GPU, "
                          f"got {tuple(block)}")
+    if kind == _interop.JAX:
+        from ..jax import _prims
+        variant = "mxfp8" if mx else ("1x128" if tuple(block) == (1, 128) else "128x128")
+        if not mx and len(x.shape) != 2:
+            raise ValueError(f"fusedkit: block scaling takes a 2-D array, got shape {tuple(x.shape)}")
+        data, sc = _prims.fp8_quantize_blocks(x, f.name, variant)
+        return FP8Tensor(data, sc, f, mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
     from ..backends import cuda_fp8
 
     X = _interop.view(x, kind, "x")
@@ -325,8 +328,9 @@ def _quantize_mx_columnwise(x, f, recipe) -> FP8Tensor:
         return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f, mode="mxfp8",
                          block=(32, 1))
     if kind == _interop.JAX:
-        raise NotImplementedError("fusedkit.quantize: block-scaled recipes on JAX GPU arrays are not implemented yet "
-                                  "(issue 4); per-tensor scaling (scale= or CurrentScaling) is")
+        from ..jax import _prims
+        data, sc = _prims.fp8_quantize_blocks(x, f.name, "mxfp8_cols")
+        return FP8Tensor(data, sc, f, mode="mxfp8", block=(32, 1))
     from ..backends import cuda_fp8
 
     X = _interop.view(x, kind, "x")

@@ -891,3 +891,71 @@ def _ct_fused_callbacks(key):
                                           ctx.stream, g=_ptr(g_o))
 
     return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# block-scaled quantize (fusedkit.quantize with MXFP8Scaling / BlockScaling): bytes and per-block scales
+
+def fp8_quantize_blocks(x, fmt, variant):
+    """(data, scales); variant "mxfp8" (32 along rows, E8M0), "mxfp8_cols" (32 rows of each column,
+    E8M0), "1x128" or "128x128" (fp32 power-of-two scale_inv)."""
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), fmt, variant)
+    return _dispatch(_blocks_callable("cpu", key), lambda device: _blocks_callable("gpu", key), (x,))
+
+
+def _blocks_dims(shape, variant):
+    """(M, K, the scale array's shape, its dtype) of x viewed as (M, K)."""
+    K = shape[-1] if shape else 1
+    M = math.prod(shape[:-1]) if K else 0
+    if variant == "mxfp8":
+        return M, K, tuple(shape[:-1]) + (-(-K // 32),), "uint8"
+    if variant == "mxfp8_cols":
+        return M, K, (-(-M // 32), K), "uint8"
+    if variant == "1x128":
+        return M, K, tuple(shape[:-1]) + (-(-K // 128),), "float32"
+    return M, K, (-(-M // 128), -(-K // 128)), "float32"
+
+
+@functools.lru_cache(maxsize=None)
+def _blocks_callable(platform: str, key):
+    shape, x_dt, fmt, variant = key
+    _, _, s_shape, s_dt = _blocks_dims(shape, variant)
+    return buffer_callback(_blocks_callbacks(key)[platform], (_sds(shape, "uint8"), _sds(s_shape, s_dt)),
+                           vmap_method=_VMAP)
+
+
+def _blocks_callbacks(key):
+    """{"cpu": callback, "gpu": callback} (tests run the GPU one on fake buffers)."""
+    shape, x_dt, fmt, variant = key
+    M, K, _, _ = _blocks_dims(shape, variant)
+
+    def cpu_cb(ctx, out, x):
+        data_o, sc_o = out
+        xa = _np(x)
+        if variant == "mxfp8":
+            data, sc = _ref.fp8.quantize_mxfp8(xa, fmt, 32)
+        elif variant == "mxfp8_cols":
+            data, sc = _ref.fp8.quantize_mxfp8_columnwise(xa, fmt, 32)
+        else:
+            data, sc = _ref.fp8.quantize_blockwise(xa, (1, 128) if variant == "1x128" else (128, 128), fmt)
+        np.asarray(data_o)[...] = data
+        np.asarray(sc_o)[...] = np.asarray(sc).reshape(np.asarray(sc_o).shape)
+
+    def gpu_cb(ctx, out, x):
+        if M * K == 0:
+            return
+        import cupy
+
+        from ..backends import cuda_fp8
+        data_o, sc_o = out
+        dev = x.__dlpack_device__()[1]
+        args = (_ptr(x), _ptr(data_o), _ptr(sc_o), M, K, x_dt, fmt)
+        with cupy.cuda.Device(dev):
+            if variant == "mxfp8_cols":
+                cuda_fp8.quantize_mx_columnwise(*args, dev, ctx.stream)
+            elif variant == "128x128":
+                cuda_fp8.quantize_blocks_2d(*args, dev, ctx.stream)
+            else:
+                cuda_fp8.quantize_blocks(*args, variant == "mxfp8", dev, ctx.stream)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
