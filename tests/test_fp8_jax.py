@@ -268,6 +268,43 @@ def test_quantize_blocks(dev, recipe, shape):
         assert np.linalg.norm(back - xf) / np.linalg.norm(xf) < 0.05
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("kind", ["gelu", "relu", "swiglu", "reglu"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_activation_fp8_output(dev, kind, bias):
+    """Activations with FP8 output on JAX: traced on the CPU the reference's bytes exactly; on a GPU as
+    tests/test_activations.py::test_fp8_output allows (exact for the piecewise-polynomial kinds)."""
+    from test_activations import _fp8_ordinal
+    from fusedkit.reference import activations as ref_act
+    if bias and kind in ("swiglu", "reglu"):
+        pytest.skip("the gated kinds take no bias")
+    rng = rng_for("act_fp8", kind, bias)
+    x = (rng.standard_normal((37, 256)) * 3.0).astype(fk_np_dtype("bfloat16"))
+    b = (rng.standard_normal(256) * 0.5).astype(fk_np_dtype("bfloat16")) if bias else None
+    scale = np.float32(448.0 / 20.0)
+    d = device(dev)
+    X = jax.device_put(jnp.asarray(x), d)
+    B = None if b is None else jax.device_put(jnp.asarray(b), d)
+    ref_kind = "gelu_tanh" if kind == "gelu" else kind
+    data, sinv, amax = ref.quantize_delayed(ref_act.forward(x, ref_kind, b, np.float32), scale, "e4m3")
+    fn = getattr(fk, kind)
+    kw = {} if kind in ("swiglu", "reglu") else {"bias": B}
+    runs = [jax.jit(lambda X, S: fn(X, fp8_fmt="e4m3", fp8_scale=S, **kw))(X, scale)]
+    if dev == "gpu":
+        runs.append(fn(X, fp8_fmt="e4m3", fp8_scale=jnp.asarray([scale]), **kw))
+    for t in runs:
+        got = to_numpy(t.data)
+        assert to_numpy(t.scale_inv).reshape(()) == sinv
+        if dev == "cpu" or kind in ("relu", "reglu"):
+            np.testing.assert_array_equal(got, data)
+            assert to_numpy(t.amax).reshape(()) == amax
+        else:
+            diff = np.abs(_fp8_ordinal(got) - _fp8_ordinal(data))
+            err = np.abs(ref.fp8_to_float(got, "e4m3") - ref.fp8_to_float(data, "e4m3")) / scale
+            assert ((diff <= 1) | (err <= 5e-6)).all() and (diff > 0).mean() <= 1e-3
+            np.testing.assert_allclose(to_numpy(t.amax).reshape(()), amax, rtol=1e-6)
+
+
 def jax_operands(t, d):
     s = np.asarray(t.scale_inv, np.float32)
     s = s.reshape(1) if t.mode == "tensor" else s
@@ -437,6 +474,20 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     assert _prims._blocks_dims((3, 2, 300), "mxfp8")[2:] == ((3, 2, 10), "uint8")
     assert _prims._blocks_dims((70, 300), "mxfp8_cols")[2:] == ((3, 300), "uint8")
     assert _prims._blocks_dims((130, 300), "128x128")[2:] == ((2, 3), "float32")
+    # GeLU with bias and FP8 output: amax zeroed, then forward_fp8 (H = N; swiglu halves it)
+    from fusedkit.backends import cuda_activations
+    monkeypatch.setattr(cuda_activations, "forward_fp8", lambda *a: calls.append(("act_fp8",) + a))
+    _prims._act_fp8_callbacks(((4, 64), "bfloat16", "gelu_tanh", "e4m3", True))["gpu"](
+        ctx, [_FakeBuffer((4, 64), "u1", 1), _FakeBuffer((1,), "f4", 2), _FakeBuffer((1,), "f4", 3)],
+        _FakeBuffer((4, 64), "uint16", 4), _FakeBuffer((64,), "uint16", 5), _FakeBuffer((1,), "f4", 6))
+    _prims._act_fp8_callbacks(((4, 64), "bfloat16", "swiglu", "e4m3", False))["gpu"](
+        ctx, [_FakeBuffer((4, 32), "u1", 1), _FakeBuffer((1,), "f4", 2), _FakeBuffer((1,), "f4", 3)],
+        _FakeBuffer((4, 64), "uint16", 4), None, _FakeBuffer((1,), "f4", 6))
+    assert calls == [("memset", 3, 0, 4, 77),
+                     ("act_fp8", 4, 5, 1, 6, 2, 3, 4, 64, "bfloat16", "e4m3", "gelu_tanh", 0, 77),
+                     ("memset", 3, 0, 4, 77),
+                     ("act_fp8", 4, 0, 1, 6, 2, 3, 4, 32, "bfloat16", "e4m3", "swiglu", 0, 77)]
+    calls.clear()
     # dact_cast_transpose with dbias, delayed scaling, rows of 13 (g through the fp32 scratch): the amax and
     # ticket buffer zeroed whole, tickets after the amax, the scratch pointers
     M, N = 300, 13

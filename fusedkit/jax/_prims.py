@@ -959,3 +959,49 @@ def _blocks_callbacks(key):
                 cuda_fp8.quantize_blocks(*args, variant == "mxfp8", dev, ctx.stream)
 
     return {"cpu": cpu_cb, "gpu": gpu_cb}
+
+
+# ----------------------------------------------------------------------------------------------------
+# activations with FP8 output (fusedkit.gelu(..., fp8_fmt=, fp8_scale=) and friends)
+
+def act_forward_fp8(x, bias, scale, kind, fmt):
+    """(bytes (..., H), scale_inv (1,), amax (1,) of the fp32 activation); ``scale`` a (1,) float32 array."""
+    key = (tuple(x.shape), _dtypes.canonical(x.dtype), kind, fmt, bias is not None)
+    return _dispatch(_act_fp8_callable("cpu", key), lambda device: _act_fp8_callable("gpu", key), (x, bias, scale))
+
+
+@functools.lru_cache(maxsize=None)
+def _act_fp8_callable(platform: str, key):
+    shape, x_dt, kind, fmt, has_b = key
+    H = shape[-1] // 2 if kind in _ref.activations.GATED else shape[-1]
+    results = (_sds(tuple(shape[:-1]) + (H,), "uint8"), _sds((1,), "float32"), _sds((1,), "float32"))
+    return buffer_callback(_act_fp8_callbacks(key)[platform], results, vmap_method=_VMAP)
+
+
+def _act_fp8_callbacks(key):
+    """{"cpu": callback, "gpu": callback} (tests run the GPU one on fake buffers)."""
+    shape, x_dt, kind, fmt, has_b = key
+    N = shape[-1]
+    H = N // 2 if kind in _ref.activations.GATED else N
+    M = math.prod(shape[:-1])
+
+    def cpu_cb(ctx, out, x, b, scale):
+        data_o, sinv_o, amax_o = out
+        y32 = _ref.activations.forward(_np(x), kind, _np(b), np.float32)
+        data, sinv, amax = _ref.fp8.quantize_delayed(y32, np.float32(_np(scale).reshape(())), fmt)
+        np.asarray(data_o)[...] = data
+        np.asarray(sinv_o)[...] = sinv
+        np.asarray(amax_o)[...] = amax
+
+    def gpu_cb(ctx, out, x, b, scale):
+        import cupy
+
+        from ..backends import cuda_activations
+        data_o, sinv_o, amax_o = out
+        dev = x.__dlpack_device__()[1]
+        with cupy.cuda.Device(dev):
+            cupy.cuda.runtime.memsetAsync(_ptr(amax_o), 0, 4, int(ctx.stream))  # the kernel merges into it
+            cuda_activations.forward_fp8(_ptr(x), _ptr(b), _ptr(data_o), _ptr(scale), _ptr(sinv_o), _ptr(amax_o),
+                                         M, H, x_dt, fmt, kind, dev, ctx.stream)
+
+    return {"cpu": cpu_cb, "gpu": gpu_cb}
