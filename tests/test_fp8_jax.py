@@ -19,6 +19,7 @@ from fusedkit.jax import _prims  # noqa: E402
 from fusedkit.reference import fp8 as ref  # noqa: E402
 from _backends import to_numpy  # noqa: E402
 from test_fp8_dequantize import MODE_IDS, MODES, fp8_tensor, same_values  # noqa: E402
+from test_jax_adapter import _FakeBuffer  # noqa: E402
 
 # fp16 inputs and outputs beyond 65504 are inf on both sides (NumPy's cast says so each time)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
@@ -395,15 +396,6 @@ def test_errors_on_jax():
 
 # ----------------------------------------------------------------------------------------------------
 # the GPU callbacks without a GPU: fake buffers, recorded launches
-
-class _FakeBuffer:
-    def __init__(self, shape, dtype, ptr):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape}
-
-    def __dlpack_device__(self):
-        return (2, 0)
-
 
 def _fake_gpu(monkeypatch):
     import types
