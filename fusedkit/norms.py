@@ -187,7 +187,7 @@ def _device_fp8(cuda_norms, kind, X, ptrs, M, N, x_dt, w_dt, fmt, scale, eps, ze
 
 
 def _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, rms, fmt, scale, amax_out):
-    """The FP8-output forward on JAX GPU arrays and tracers (an XLA buffer callback, fusedkit/jax/_prims.py):
+    """The FP8-output forward on JAX GPU arrays and tracers (an XLA buffer callback, fusedkit/jax/_fp8.py):
     an FP8Tensor of JAX arrays (a pytree once fusedkit.jax is imported, as it is here), then h, then the
     stats."""
     import jax.numpy as jnp
@@ -195,7 +195,7 @@ def _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, 
 
     from .fp8 import _amax
     from .fp8.tensor import FP8Tensor
-    from .jax import _prims
+    from .jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, JAX, "fusedkit: fp8_amax_out")  # raises: JAX arrays are immutable
     if hasattr(scale, "shape") and framework(scale) not in _HOST_KINDS:
@@ -205,7 +205,7 @@ def _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, 
         s = jnp.reshape(scale, (1,))
     else:
         s = jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32)
-    y, sinv, amax, h, mean, rstd = _prims.norm_forward_fp8(x, weight, bias, residual, s, eps, zero_centered_gamma,
+    y, sinv, amax, h, mean, rstd = _fp8.norm_forward(x, weight, bias, residual, s, eps, zero_centered_gamma,
                                                            fmt.name, return_stats, rms)
     out = (FP8Tensor(y, sinv, fmt, amax),) + ((h,) if h is not None else ())
     if return_stats:

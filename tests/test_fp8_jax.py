@@ -15,7 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 import fusedkit as fk  # noqa: E402
 from fusedkit import fp8  # noqa: E402
 from fusedkit.fp8.tensor import FP8Tensor  # noqa: E402
-from fusedkit.jax import _prims  # noqa: E402
+from fusedkit.jax import _fp8  # noqa: E402
 from fusedkit.reference import fp8 as ref  # noqa: E402
 from _backends import to_numpy  # noqa: E402
 from test_fp8_dequantize import MODE_IDS, MODES, fp8_tensor, same_values  # noqa: E402
@@ -423,21 +423,21 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     x, s = _FakeBuffer(shape, "uint16", 1000), _FakeBuffer((1,), "f4", 2000)
     out = [_FakeBuffer(shape, "u1", 3000), None, _FakeBuffer((1,), "f4", 4000), _FakeBuffer((1,), "f4", 5000), None]
     # delayed, rows only: scale pointer in, amax merged into the zeroed amax output
-    _prims._fp8_quantize_callbacks((shape, "bfloat16", "e4m3", False, 0.0, False, False))["gpu"](ctx, out, x, s)
+    _fp8._quantize_callbacks((shape, "bfloat16", "e4m3", False, 0.0, False, False))["gpu"](ctx, out, x, s)
     assert calls == [("memset", 5000, 0, 4, 77),
                      ("quantize", 1000, 3000, 2000, 0, 0, 4000, 5000, 240, "bfloat16", "e4m3", False, 0.0, 0, 0, 77)]
     calls.clear()
     # current scaling with the transposed bytes: the amax pass fills the zeroed amax, the scale goes to scratch
     out = [_FakeBuffer(shape, "u1", 3000), _FakeBuffer((40, 6), "u1", 3500), _FakeBuffer((1,), "f4", 4000),
            _FakeBuffer((1,), "f4", 5000), _FakeBuffer((1,), "f4", 6000)]
-    _prims._fp8_quantize_callbacks((shape, "bfloat16", "e5m2", True, 1e-6, True, True))["gpu"](ctx, out, x, None)
+    _fp8._quantize_callbacks((shape, "bfloat16", "e5m2", True, 1e-6, True, True))["gpu"](ctx, out, x, None)
     assert calls == [("memset", 5000, 0, 4, 77),
                      ("cast_transpose", 1000, 3000, 3500, 0, 5000, 6000, 4000, 0, 6, 40, "bfloat16", "e5m2", True,
                       1e-6, 1, 0, 77)]
     calls.clear()
     # dequantize, MXFP8 row blocks: rows, cols and the scale grid's row length
     key = (shape, "e4m3", "mxfp8", "mxfp8", 32, 6, 2, "bfloat16")
-    _prims._fp8_dequantize_callbacks(key)["gpu"](ctx, _FakeBuffer(shape, "uint16", 7000),
+    _fp8._dequantize_callbacks(key)["gpu"](ctx, _FakeBuffer(shape, "uint16", 7000),
                                                  _FakeBuffer(shape, "u1", 8000), _FakeBuffer((12,), "u1", 9000))
     assert calls == [("dequantize", 8000, 9000, 7000, 6, 40, 2, "e4m3", "bfloat16", "mxfp8", 0, 77)]
     calls.clear()
@@ -449,7 +449,7 @@ def test_gpu_callbacks_dry_run(monkeypatch):
            _FakeBuffer(shape, "uint16", 14), _FakeBuffer((6,), "f4", 15), _FakeBuffer((6,), "f4", 16)]
     ins = [_FakeBuffer(shape, "uint16", 21), _FakeBuffer(shape, "uint16", 22), _FakeBuffer((40,), "f4", 23),
            _FakeBuffer((40,), "f4", 24), _FakeBuffer((1,), "f4", 25)]
-    _prims._norm_fp8_callbacks(key)["gpu"](ctx, out, *ins)
+    _fp8._norm_callbacks(key)["gpu"](ctx, out, *ins)
     assert calls == [("memset", 13, 0, 4, 77),
                      ("forward_fp8", 21, 22, 23, 24, 11, 14, 15, 16, 25, 12, 13, 6, 40, "bfloat16", "float32", "e4m3",
                       1e-5, 0, False, 0, 77)]
@@ -460,19 +460,19 @@ def test_gpu_callbacks_dry_run(monkeypatch):
                           ("128x128", ("quantize_blocks_2d", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", 0, 77)),
                           ("mxfp8_cols", ("quantize_mx_columnwise", 1000, 3000, 4000, 6, 40, "bfloat16", "e4m3", 0,
                                           77))):
-        _prims._blocks_callbacks((shape, "bfloat16", "e4m3", variant))["gpu"](
+        _fp8._blocks_callbacks((shape, "bfloat16", "e4m3", variant))["gpu"](
             ctx, [_FakeBuffer(shape, "u1", 3000), _FakeBuffer((1,), "u1", 4000)], x)
         assert calls.pop() == want
-    assert _prims._blocks_dims((3, 2, 300), "mxfp8")[2:] == ((3, 2, 10), "uint8")
-    assert _prims._blocks_dims((70, 300), "mxfp8_cols")[2:] == ((3, 300), "uint8")
-    assert _prims._blocks_dims((130, 300), "128x128")[2:] == ((2, 3), "float32")
+    assert _fp8._blocks_dims((3, 2, 300), "mxfp8")[2:] == ((3, 2, 10), "uint8")
+    assert _fp8._blocks_dims((70, 300), "mxfp8_cols")[2:] == ((3, 300), "uint8")
+    assert _fp8._blocks_dims((130, 300), "128x128")[2:] == ((2, 3), "float32")
     # GeLU with bias and FP8 output: amax zeroed, then forward_fp8 (H = N; swiglu halves it)
     from fusedkit.backends import cuda_activations
     monkeypatch.setattr(cuda_activations, "forward_fp8", lambda *a: calls.append(("act_fp8",) + a))
-    _prims._act_fp8_callbacks(((4, 64), "bfloat16", "gelu_tanh", "e4m3", True))["gpu"](
+    _fp8._act_callbacks(((4, 64), "bfloat16", "gelu_tanh", "e4m3", True))["gpu"](
         ctx, [_FakeBuffer((4, 64), "u1", 1), _FakeBuffer((1,), "f4", 2), _FakeBuffer((1,), "f4", 3)],
         _FakeBuffer((4, 64), "uint16", 4), _FakeBuffer((64,), "uint16", 5), _FakeBuffer((1,), "f4", 6))
-    _prims._act_fp8_callbacks(((4, 64), "bfloat16", "swiglu", "e4m3", False))["gpu"](
+    _fp8._act_callbacks(((4, 64), "bfloat16", "swiglu", "e4m3", False))["gpu"](
         ctx, [_FakeBuffer((4, 32), "u1", 1), _FakeBuffer((1,), "f4", 2), _FakeBuffer((1,), "f4", 3)],
         _FakeBuffer((4, 64), "uint16", 4), None, _FakeBuffer((1,), "f4", 6))
     assert calls == [("memset", 3, 0, 4, 77),
@@ -484,7 +484,7 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     # ticket buffer zeroed whole, tickets after the amax, the scratch pointers
     M, N = 300, 13
     key = ((M, N), "bfloat16", "e5m2", "gelu", 3, False, 0.0, False, True)
-    res = _prims._ct_fused_results(key)
+    res = _fp8._ct_fused_results(key)
     gx, gy = 1, 1
     assert [None if r is None else r.shape for r in res] == [(M, N), (N, M), (1,), (1 + gx,), (N,), (gy, N), None,
                                                               (M, N)]
@@ -492,7 +492,7 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     out = [_FakeBuffer((M, N), "u1", 300), _FakeBuffer((N, M), "u1", 304), _FakeBuffer((1,), "f4", 308),
            _FakeBuffer((2,), "f4", 312), _FakeBuffer((N,), "f4", 330), _FakeBuffer((1, N), "f4", 320), None,
            _FakeBuffer((M, N), "f4", 400)]
-    _prims._ct_fused_callbacks(key)["gpu"](ctx, out, _FakeBuffer((M, N), "uint16", 500),
+    _fp8._ct_fused_callbacks(key)["gpu"](ctx, out, _FakeBuffer((M, N), "uint16", 500),
                                           _FakeBuffer((M, N), "uint16", 600), _FakeBuffer((1,), "f4", 700))
     assert calls == [("memset", 312, 0, 8, 77),
                      ("cast_transpose_fused", 600, 500, 300, 304, 700, 0, 0, 308, 312, 320, 316, 330, M, N,
@@ -511,9 +511,9 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     out = [_FakeBuffer((M, N), "f4", 100), None]
     ins = [_FakeBuffer((M, K), "u1", 101), _FakeBuffer((N, K), "u1", 102), _FakeBuffer((1,), "f4", 103),
            _FakeBuffer((1,), "f4", 104), _FakeBuffer((N,), "uint16", 105), None, _FakeBuffer((M, N), "f4", 106)]
-    _prims._gemm_plans.clear()
-    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)
-    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)   # planned once per (problem, device)
+    _fp8._gemm_plans.clear()
+    _fp8._gemm_callbacks(key)["gpu"](ctx, out, *ins)
+    _fp8._gemm_callbacks(key)["gpu"](ctx, out, *ins)   # planned once per (problem, device)
     launch = ("launch", "PLAN", 101, 102, 100, 105, 103, 104, 0, 0, 77)
     assert calls == [("plan", M, N, K, "e4m3", "e4m3", "split", "float32", "bfloat16", 0, True, 0),
                      ("memcpy", 100, 106, M * N * 4, 3, 77), launch, ("memcpy", 100, 106, M * N * 4, 3, 77), launch]
@@ -522,10 +522,10 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     out = [_FakeBuffer((M, N), "u1", 200), _FakeBuffer((1,), "f4", 201)]
     ins = [_FakeBuffer((M, K), "u1", 202), _FakeBuffer((N, K), "u1", 203), _FakeBuffer((M, 1), "f4", 204),
            _FakeBuffer((1, 1), "f4", 205), None, _FakeBuffer((1,), "f4", 206), None]
-    _prims._gemm_callbacks(key)["gpu"](ctx, out, *ins)
+    _fp8._gemm_callbacks(key)["gpu"](ctx, out, *ins)
     assert calls == [("plan", M, N, K, "e4m3", "e5m2", "block", "e4m3", None, -1, False, 0),
                      ("memset", 201, 0, 4, 77), ("launch", "PLAN", 202, 203, 200, 0, 204, 205, 206, 201, 77)]
-    _prims._gemm_plans.clear()
+    _fp8._gemm_plans.clear()
     # the traced results: current scaling's scratch is dropped, the transposed bytes are (N, M)
-    res = _prims._fp8_quantize_results((shape, "bfloat16", "e4m3", True, 0.0, False, True))
+    res = _fp8._quantize_results((shape, "bfloat16", "e4m3", True, 0.0, False, True))
     assert [None if r is None else r.shape for r in res] == [shape, (40, 6), (1,), (1,), (1,)]

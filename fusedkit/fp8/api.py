@@ -97,9 +97,9 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
 
 
 def _quantize_jax(x, f, scale, rec, transpose, amax_out):
-    """quantize on JAX GPU arrays and tracers: XLA buffer callbacks (fusedkit/jax/_prims.py) running the
+    """quantize on JAX GPU arrays and tracers: XLA buffer callbacks (fusedkit/jax/_fp8.py) running the
     kernels of the CuPy path on XLA's stream (the CPU reference under jit on the CPU)."""
-    from ..jax import _prims
+    from ..jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, "fusedkit.quantize")  # raises: JAX arrays are immutable
     x_dt = _dtypes.canonical_or_name(x.dtype)
@@ -107,7 +107,7 @@ def _quantize_jax(x, f, scale, rec, transpose, amax_out):
         raise TypeError(f"fusedkit.quantize: x must be float32, float16 or bfloat16, got {x_dt}")
     if scale is not None:
         scale = _jax_scale(scale, "fusedkit.quantize")
-    data, data_t, sinv, amax = _prims.fp8_quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales,
+    data, data_t, sinv, amax = _fp8.quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales,
                                                    transpose)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
@@ -245,13 +245,13 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
 def _cast_transpose_fused_jax(dy, x, activation, f, scale, rec, want_dbias, who, amax_out, d_dt):
     """cast_transpose_dbias / dact_cast_transpose on JAX GPU arrays and tracers (an XLA buffer callback)."""
     from ..backends import cuda_fp8
-    from ..jax import _prims
+    from ..jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, who)  # raises: JAX arrays are immutable
     s = None if scale is None else _jax_scale(scale, who)
     key = (tuple(dy.shape), d_dt, f.name, activation, cuda_fp8.DACT_ID[activation] if x is not None else -1,
            scale is None, float(rec.amax_epsilon), bool(rec.power_of_2_scales), bool(want_dbias))
-    data, data_t, sinv, amax, db = _prims.fp8_cast_transpose_fused(dy, x, s, key)
+    data, data_t, sinv, amax, db = _fp8.cast_transpose_fused(dy, x, s, key)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t), db
 
 
@@ -289,11 +289,11 @@ def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
         raise ValueError(f"fusedkit.quantize: block scaling supports 1 x 128 and 128 x 128 blocks on the GPU, "
                          f"got {tuple(block)}")
     if kind == _interop.JAX:
-        from ..jax import _prims
+        from ..jax import _fp8
         variant = "mxfp8" if mx else ("1x128" if tuple(block) == (1, 128) else "128x128")
         if not mx and len(x.shape) != 2:
             raise ValueError(f"fusedkit: block scaling takes a 2-D array, got shape {tuple(x.shape)}")
-        data, sc = _prims.fp8_quantize_blocks(x, f.name, variant)
+        data, sc = _fp8.quantize_blocks(x, f.name, variant)
         return FP8Tensor(data, sc, f, mode="mxfp8" if mx else "block", block=32 if mx else tuple(block))
     from ..backends import cuda_fp8
 
@@ -328,8 +328,8 @@ def _quantize_mx_columnwise(x, f, recipe) -> FP8Tensor:
         return FP8Tensor(_interop.from_numpy(data, kind), _interop.from_numpy(sc, kind), f, mode="mxfp8",
                          block=(32, 1))
     if kind == _interop.JAX:
-        from ..jax import _prims
-        data, sc = _prims.fp8_quantize_blocks(x, f.name, "mxfp8_cols")
+        from ..jax import _fp8
+        data, sc = _fp8.quantize_blocks(x, f.name, "mxfp8_cols")
         return FP8Tensor(data, sc, f, mode="mxfp8", block=(32, 1))
     from ..backends import cuda_fp8
 
@@ -439,7 +439,7 @@ def _dequantize_jax(t, out_dt):
     """dequantize of JAX GPU bytes (or tracers): an XLA buffer callback around the same kernel."""
     import jax.numpy as jnp
 
-    from ..jax import _prims
+    from ..jax import _fp8
     if _dtypes.canonical_or_name(t.data.dtype) != "uint8":
         raise TypeError(f"fusedkit.dequantize: `t.data` must hold FP8 bytes (uint8), got {t.data.dtype}")
     shape = tuple(t.data.shape)
@@ -457,7 +457,7 @@ def _dequantize_jax(t, out_dt):
     if _dtypes.canonical_or_name(s.dtype) != sdt or int(np.prod(s.shape)) != srows * scols:
         raise ValueError(f"fusedkit.dequantize: `t.scale_inv` of this {mode} FP8Tensor must hold {srows} x {scols} "
                          f"{sdt} values for data of shape {shape}, got {tuple(s.shape)} {s.dtype}")
-    return _prims.fp8_dequantize(t.data, jnp.reshape(s, (srows * scols,)), t.fmt.name, mode, t.mode, t.block,
+    return _fp8.dequantize(t.data, jnp.reshape(s, (srows * scols,)), t.fmt.name, mode, t.mode, t.block,
                                  srows, scols, out_dt)
 
 

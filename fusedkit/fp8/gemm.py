@@ -163,13 +163,13 @@ def _host(a, b, kind, bias, out_scale, accumulate_into, kw):
 
 
 # ----------------------------------------------------------------------------------------------------
-# JAX GPU arrays and tracers: an XLA buffer callback around the same kernel (fusedkit/jax/_prims.py)
+# JAX GPU arrays and tracers: an XLA buffer callback around the same kernel (fusedkit/jax/_fp8.py)
 
 def _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, split, activation):
     import jax.numpy as jnp
 
     from ..backends import cuda_gemm
-    from ..jax import _prims
+    from ..jax import _fp8
     pair = (a.fmt.name, b.fmt.name)
     if pair not in cuda_gemm.PAIRS:
         raise NotImplementedError(f"{WHO} on JAX arrays: the kernel takes the format pairs "
@@ -204,7 +204,7 @@ def _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, s
     os_ = per_tensor(out_scale, "out_scale") if fp8_out else None
     key = (M, N, K, pair[0], pair[1], mode, out_kind, None if bias is None else _dtype_name(bias), activation, act,
            accumulate_into is not None, bool(split))
-    out, amax = _prims.fp8_gemm(a.data, b.data, sa, sb, bias, os_, accumulate_into, key)
+    out, amax = _fp8.gemm(a.data, b.data, sa, sb, bias, os_, accumulate_into, key)
     if fp8_out:
         return FP8Tensor(out, (1.0 / os_).astype(jnp.float32), out_kind, amax)
     return out
