@@ -134,18 +134,19 @@ def _dequantize_callbacks(key):
     return {"cpu": cpu_cb, "gpu": gpu_cb}
 
 
+# ----------------------------------------------------------------------------------------------------
+# LayerNorm / RMSNorm with FP8 output (fusedkit.layer_norm(..., fp8_fmt=, fp8_scale=))
+
 def norm_forward(x, weight, bias, residual, scale, eps, zero_centered_gamma, fmt, return_stats, rms):
-    """LayerNorm / RMSNorm with FP8 output (fusedkit.layer_norm(..., fp8_fmt=, fp8_scale=)): (bytes,
-    scale_inv (1,), amax (1,) of the fp32 y), then h (with a residual), then the stats, as
-    ``fusedkit.norms._norm_forward`` packs them; ``scale`` a 1-element float32 array (the delayed scale)."""
+    """(bytes, scale_inv (1,), amax (1,) of the fp32 y, h or None, mean or None, rstd or None);
+    ``scale`` a 1-element float32 array (the delayed scale)."""
     if rms:
         bias = None
     x_dt = _dtypes.canonical(x.dtype)
     key = (tuple(x.shape), x_dt, _w_dtype(x_dt, weight, bias), weight is not None, bias is not None,
            residual is not None, float(eps), bool(zero_centered_gamma), bool(return_stats), bool(rms), fmt)
-    outs = _dispatch(_norm_callable("cpu", key), lambda device: _norm_callable("gpu", key),
+    return _dispatch(_norm_callable("cpu", key), lambda device: _norm_callable("gpu", key),
                      (x, residual, weight, bias, scale))
-    return outs
 
 
 def _norm_results(key):
