@@ -102,13 +102,9 @@ def _quantize_jax(x, f, scale, rec, transpose, amax_out):
     from ..jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, "fusedkit.quantize")  # raises: JAX arrays are immutable
-    x_dt = _dtypes.canonical_or_name(x.dtype)
-    if x_dt not in ("float32", "float16", "bfloat16"):
-        raise TypeError(f"fusedkit.quantize: x must be float32, float16 or bfloat16, got {x_dt}")
-    if scale is not None:
+    if scale is not None:  # (x's dtype was checked by quantize: _dtypes.canonical)
         scale = _jax_scale(scale, "fusedkit.quantize")
-    data, data_t, sinv, amax = _fp8.quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales,
-                                                   transpose)
+    data, data_t, sinv, amax = _fp8.quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales, transpose)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
 
