@@ -12,6 +12,8 @@
 #   bounds the abopts stage (GEMM cases compile for minutes: give them more). GEMMSWEEP_TIMEOUT (default
 #   200 s) bounds gemmsweep (FK_SCHEDS=dp,sk doubles its rows: give it ~320; FK_SHAPES="MxKxN,..." keeps
 #   some of its five shapes).
+#   PYTEST_PART=1 / 2: the suite in two halves that each fit one 600 s call (the GEMM file is the gemm
+#   stage's; every other test file is in one half: a new file must match one of the globs below).
 #   PYTEST_ARGS="tests/test_norms.py" PYTEST_K="paths or misaligned" narrow the test stage (default: all;
 #   $OUT/test_times.tsv gets a line per test as it ends, and pytest.log a per-file summary);
 #   TEST_OPTIONS="-DX=1" builds its kernels with those NVRTC defines (the other stages keep the shipped ones).
@@ -48,6 +50,10 @@ t = time.perf_counter(); j.get_kernel(cn.FILE, e, 0); print(f"jit cached load (n
 PY
 fi
 
+case "${PYTEST_PART:-}" in
+  1) PYTEST_ARGS="tests/test_[a-e]*.py tests/test_fp8_[a-d]*.py tests/test_fp8_[h-p]*.py tests/test_[g-k]*.py" ;;
+  2) PYTEST_ARGS="tests/test_fp8_[q-z]*.py tests/test_[l-z]*.py" ;;
+esac
 pids=()
 if has test; then
   # the forced-cluster GEMM test runs in the gemm stage, first and under its own timeout (a hang there
