@@ -447,3 +447,120 @@ def fp8_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into, spli
         return out
     recip = 1.0 / out_scale.reshape(1) if is_cupy else out_scale.reshape(1).reciprocal()   # as fp8.gemm._recip
     return _FP8Tensor(out, recip, plan.out_fmt, amax)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FP8 per-tensor quantize (fusedkit.quantize without transpose, amax_out or a block recipe): delayed
+# scaling with the scale as a device array of x's framework, or current scaling. The full path costs
+# 28 us per 4 x 1024 call on torch tensors on the H200 host; its Python is 13 us on a CPU with the launch
+# stubbed (docs/perf_notes.rst), most of it validation, views and planning, which this path skips. The
+# outputs' fp32 scalars share one zeroed allocation (amax, scale_inv, current scaling's scale): two
+# allocations per call instead of four. Calls with a float scale take the full path.
+
+class QuantPlan:
+    """What a cached quantize call needs beyond its pointers."""
+
+    __slots__ = ("amax_fn", "cast_fn", "grid", "device", "n", "eps", "pow2", "current", "fmt", "u8")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def _qkey(x, fmt, scale, recipe):
+    return ("quantize", type(x), x.shape, x.dtype, fmt, _meta(scale), recipe)
+
+
+def remember_quantize(x, fmt_arg, fmt, scale, recipe, kind, device, n, x_dt, current, x_ptr):
+    """Called by fusedkit.quantize's full path after a per-tensor cast of CuPy / torch arrays (no transpose,
+    no amax_out); ``fmt_arg`` the call's ``fmt`` argument, ``fmt`` its FP8Format, ``recipe`` the
+    CurrentScaling used (its epsilon and power-of-2 rule)."""
+    global _cupy_ndarray, _torch_tensor, _cupy, _FP8Tensor
+    if len(_plans) > 4096 or x_ptr & 15 or (scale is not None and type(scale) is not type(x)):
+        return  # a misaligned x plans a narrower vector; a float scale needs its device copy per call
+    try:
+        key = _qkey(x, fmt_arg, scale, recipe if current else None)
+    except (TypeError, AttributeError):
+        return
+    if key in _plans:
+        return
+    import cupy
+
+    from .backends import cuda_fp8
+    from .fp8.tensor import FP8Tensor
+    _cupy, _FP8Tensor = cupy, FP8Tensor
+    if kind == "cupy":
+        _cupy_ndarray, u8 = cupy.ndarray, "uint8"
+    else:
+        import torch
+        _torch_tensor, u8 = torch.Tensor, torch.uint8
+    amax_fn, cast_fn, grid = cuda_fp8.quantize_plan(n, x_dt, fmt.name, current, device)
+    _plans[key] = QuantPlan(amax_fn=amax_fn, cast_fn=cast_fn, grid=grid, device=device, n=n,
+                            eps=float(recipe.amax_epsilon), pow2=int(recipe.power_of_2_scales), current=current,
+                            fmt=fmt, u8=u8)
+
+
+def quantize(x, fmt, scale, recipe):
+    """An FP8Tensor of x through a cached plan, or None (take the full path). ``recipe``: the
+    CurrentScaling of a current-scaling call (None: the default), ignored with a scale."""
+    global _raw_stream
+    t = type(x)
+    if t is _cupy_ndarray:
+        is_cupy = True
+    elif t is _torch_tensor and x.is_cuda:
+        is_cupy = False
+    else:
+        return None
+    current = scale is None
+    try:
+        plan = _plans.get(_qkey(x, fmt, scale, (recipe or _default_current()) if current else None))
+    except (TypeError, AttributeError):
+        return None
+    if plan is None:
+        return None
+    dev = plan.device
+    ptrs = _device_ptrs((x, scale), is_cupy, dev)
+    if ptrs is None:
+        return None
+    xp, sp_ = ptrs
+    if xp & 15:
+        return None
+    cupy = _cupy
+    if is_cupy:
+        if cupy.cuda.runtime.getDevice() != dev:
+            return None
+        stream = cupy.cuda.get_current_stream(dev).ptr
+        data = cupy.empty(x.shape, "uint8")
+        buf = cupy.zeros(3, "float32")
+        pbuf = buf.data.ptr
+    else:
+        import torch
+        if torch.cuda.current_device() != dev:
+            return None
+        if _raw_stream is None:
+            from ._interop import _torch_raw_stream
+            _raw_stream = _torch_raw_stream()
+        stream = _raw_stream(dev)
+        data = torch.empty(x.shape, dtype=plan.u8, device=x.device)
+        buf = torch.zeros(3, dtype=torch.float32, device=x.device)
+        pbuf = buf.data_ptr()
+    amax_p, sinv_p = pbuf, pbuf + 4
+    block = (256, 1)
+    if current:  # the amax pass fills amax, the cast derives its scale from it into buf[2]
+        plan.amax_fn.launch_current(plan.grid, block, 0, stream, xp, amax_p, plan.n)
+        args = (0, amax_p, pbuf + 8, sinv_p, 0)
+    else:        # the cast merges the amax of x into buf[0]
+        args = (sp_, 0, 0, sinv_p, amax_p)
+    plan.cast_fn.launch_current(plan.grid, block, 0, stream, xp, _ptr(data), *args, plan.n, plan.eps, plan.pow2)
+    return _FP8Tensor(data, buf[1:2], plan.fmt, buf[0:1])
+
+
+_CURRENT_DEFAULT = None
+
+
+def _default_current():
+    global _CURRENT_DEFAULT
+    if _CURRENT_DEFAULT is None:
+        from .fp8.api import _CURRENT
+        _CURRENT_DEFAULT = _CURRENT
+    return _CURRENT_DEFAULT

@@ -105,3 +105,30 @@ def test_misaligned_input_is_exact(offset):
         assert F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0]) == amax
     t = fk.quantize(X, fmt="e4m3", recipe=fp8.MXFP8Scaling())
     np.testing.assert_array_equal(np.asarray(to_numpy(t.scale_inv), np.uint8), ref.quantize_mxfp8(xs, "e4m3")[1])
+
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("scaling", ["delayed", "current", "current_pow2"])
+def test_repeat_calls_through_the_call_cache(backend, dtype, scaling):
+    """The second and third calls of one signature take fusedkit/_callcache.py's plan (one zeroed buffer
+    for amax, scale_inv and the current scale): each, on fresh data, equals the reference exactly, and
+    the earlier results are not touched by the later calls."""
+    skip_unsupported(backend, dtype)
+    from fusedkit import _callcache
+    rng = rng_for("qcache", backend, dtype, scaling)
+    recipe = fp8.CurrentScaling(power_of_2_scales=scaling == "current_pow2")
+    scale = to_backend(np.asarray([0.37], F32), backend) if scaling == "delayed" else None
+    results = []
+    for _ in range(3):
+        x = awkward(rng, (129, 136), dtype, 448.0)
+        kw = dict(scale=scale) if scale is not None else dict(recipe=recipe)
+        t = fk.quantize(to_backend(x, backend), fmt="e4m3", **kw)
+        want = (ref.quantize_delayed(x, F32(0.37), "e4m3") if scale is not None else
+                ref.quantize_current(x, "e4m3", recipe.amax_epsilon, recipe.power_of_2_scales)[:3])
+        results.append((t, want))
+    assert len(_callcache._plans) > 0
+    for t, (data, sinv, amax) in results:
+        same_bytes(to_numpy(t.data), data, "e4m3")
+        assert F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == sinv
+        np.testing.assert_array_equal(np.asarray(to_numpy(t.amax), F32).reshape(-1)[0], F32(amax))

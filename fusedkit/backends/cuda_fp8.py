@@ -46,6 +46,16 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
         grid, (THREADS, 1), 0, sp, x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, eps, pow2)
 
 
+def quantize_plan(n, x_dt, fmt, current, device):
+    """The launches ``quantize`` makes for n elements of 16-byte aligned x and out: (the amax launcher
+    or None, the cast launcher, the grid), for fusedkit/_callcache.py (launch_current with quantize's
+    arguments)."""
+    vec = _vec(n, 0, x_dt)  # aligned pointers: the widest vector n allows
+    grid = grid_stride_blocks(n // vec, THREADS, device)
+    amax_fn = launcher(FILE, amax_expr(x_dt, vec), "ppq", device) if current else None
+    return amax_fn, launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device), grid
+
+
 def cast_transpose_expr(x_dt, fmt, vec, vt, current) -> str:
     return (f"fk::fp8_cast_transpose<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {vt}, "
             f"{'true' if current else 'false'}>")
