@@ -312,6 +312,32 @@ def _ptr(a) -> int:
     return a.data.ptr if type(a) is _cupy_ndarray else a.data_ptr()
 
 
+def _is_cupy(a):
+    """True for a CuPy array, False for a CUDA torch tensor, None for anything else (no cached path)."""
+    t = type(a)
+    if t is _cupy_ndarray:
+        return True
+    if t is _torch_tensor and a.is_cuda:
+        return False
+    return None
+
+
+def _stream_on(is_cupy, dev):
+    """The framework's current stream on ``dev`` (a raw pointer), or None when ``dev`` is not the current
+    device (the full path then switches devices as it must)."""
+    global _raw_stream
+    if is_cupy:
+        cupy = _cupy
+        return cupy.cuda.get_current_stream(dev).ptr if cupy.cuda.runtime.getDevice() == dev else None
+    import torch
+    if torch.cuda.current_device() != dev:
+        return None
+    if _raw_stream is None:
+        from ._interop import _torch_raw_stream
+        _raw_stream = _torch_raw_stream()
+    return _raw_stream(dev)
+
+
 def clear() -> None:
     """Forget every plan (tests; after changing FUSEDKIT_* launch settings at run time)."""
     _plans.clear()
@@ -384,16 +410,11 @@ def remember_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into,
 
 def fp8_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into, split):
     """The result of fusedkit.fp8_gemm through a cached plan, or None (take the full path)."""
-    global _raw_stream
     if _cuda_gemm is None:
         return None
     try:
-        t = type(a.data)
-        if t is _cupy_ndarray:
-            is_cupy = True
-        elif t is _torch_tensor and a.data.is_cuda:
-            is_cupy = False
-        else:
+        is_cupy = _is_cupy(a.data)
+        if is_cupy is None:
             return None
         if _cuda_gemm._forced is not None:  # forced tiles (tests, tools): planned per call
             return None
@@ -409,23 +430,16 @@ def fp8_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into, spli
     pa, pb, psa, psb, pbias, pos, pacc = ptrs
     if (pa | pb) & 15 or pacc % plan.acc_align:
         return None
+    sp = _stream_on(is_cupy, dev)
+    if sp is None:
+        return None
     cupy = _cupy
     if is_cupy:
-        if cupy.cuda.runtime.getDevice() != dev:
-            return None
-        sp = cupy.cuda.get_current_stream(dev).ptr
-
         def empty(shape, dtype):
             return cupy.empty(shape, dtype)
         f32 = "float32"
     else:
         import torch
-        if torch.cuda.current_device() != dev:
-            return None
-        if _raw_stream is None:
-            from ._interop import _torch_raw_stream
-            _raw_stream = _torch_raw_stream()
-        sp = _raw_stream(dev)
         device = a.data.device
 
         def empty(shape, dtype):
@@ -503,13 +517,8 @@ def remember_quantize(x, fmt_arg, fmt, scale, recipe, kind, device, n, x_dt, cur
 def quantize(x, fmt, scale, recipe):
     """An FP8Tensor of x through a cached plan, or None (take the full path). ``recipe``: the
     CurrentScaling of a current-scaling call (None: the default), ignored with a scale."""
-    global _raw_stream
-    t = type(x)
-    if t is _cupy_ndarray:
-        is_cupy = True
-    elif t is _torch_tensor and x.is_cuda:
-        is_cupy = False
-    else:
+    is_cupy = _is_cupy(x)
+    if is_cupy is None:
         return None
     current = scale is None
     try:
@@ -523,27 +532,17 @@ def quantize(x, fmt, scale, recipe):
     if ptrs is None:
         return None
     xp, sp_ = ptrs
-    if xp & 15:
+    stream = None if xp & 15 else _stream_on(is_cupy, dev)
+    if stream is None:
         return None
-    cupy = _cupy
     if is_cupy:
-        if cupy.cuda.runtime.getDevice() != dev:
-            return None
-        stream = cupy.cuda.get_current_stream(dev).ptr
-        data = cupy.empty(x.shape, "uint8")
-        buf = cupy.zeros(3, "float32")
-        pbuf = buf.data.ptr
+        data = _cupy.empty(x.shape, "uint8")
+        buf = _cupy.zeros(3, "float32")
     else:
         import torch
-        if torch.cuda.current_device() != dev:
-            return None
-        if _raw_stream is None:
-            from ._interop import _torch_raw_stream
-            _raw_stream = _torch_raw_stream()
-        stream = _raw_stream(dev)
         data = torch.empty(x.shape, dtype=plan.u8, device=x.device)
         buf = torch.zeros(3, dtype=torch.float32, device=x.device)
-        pbuf = buf.data_ptr()
+    pbuf = _ptr(buf)
     amax_p, sinv_p = pbuf, pbuf + 4
     block = (256, 1)
     if current:  # the amax pass fills amax, the cast derives its scale from it into buf[2]
