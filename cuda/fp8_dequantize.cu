@@ -79,27 +79,26 @@ __device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
 #define FK_DEQUANT_UNROLL 0
 #endif
 
-template <typename F, typename OUT, int BR, int BC, bool E8M0>
-__device__ __forceinline__ void dequantize_vec8(uint2 raw, long long e, const void* __restrict__ scale,
-                                                OUT* __restrict__ out, long long cols, long long scale_cols) {
-  long long r = 0, c = e;
-  if constexpr (BR != 0 || BC != 0) {
-    r = e / cols;
-    c = e - r * cols;
-  }
-  const long long srow = BR ? (r / BR) * scale_cols : 0;
+// Eight FP8 bytes (columns c .. c + 7 of a row whose scales start at srow) out to `o` as OUT: decoded
+// pairwise, one fp32 multiply each by the vector's scale (BC = 1: each column's own), 16-byte stores.
+template <typename F, typename OUT, int BC, bool E8M0>
+__device__ __forceinline__ void dequantize8(uint2 raw, long long srow, long long c, const void* __restrict__ scale,
+                                            OUT* __restrict__ o) {
   float v[8];
 #pragma unroll
   for (int j = 0; j < 8; j += 2) fp8x2_to_float2<F>((j < 4 ? raw.x : raw.y) >> (8 * (j & 3)), v[j], v[j + 1]);
   const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(v[j], BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0);
+  for (int j = 0; j < 8; ++j) {
+    const float s = BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0;
+    v[j] = __fmul_rn(v[j], s);
+  }
   if constexpr (sizeof(OUT) == 4) {
     float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
-    store_floats<OUT, 4>(out + e, lo);
-    store_floats<OUT, 4>(out + e + 4, hi);
+    store_floats<OUT, 4>(o, lo);
+    store_floats<OUT, 4>(o + 4, hi);
   } else {
-    store_floats<OUT, 8>(out + e, v);
+    store_floats<OUT, 8>(o, v);
   }
 }
 
@@ -116,9 +115,16 @@ __device__ __forceinline__ void dequantize_flat(const unsigned char* __restrict_
     for (int u = 0; u < U; ++u)
       if (i + u * stride < nvec) raw[u] = __ldg(reinterpret_cast<const uint2*>(x) + i + u * stride);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i + u * stride < nvec)
-        dequantize_vec8<F, OUT, BR, BC, E8M0>(raw[u], (i + u * stride) * 8, scale, out, cols, scale_cols);
+    for (int u = 0; u < U; ++u) {
+      if (i + u * stride >= nvec) continue;
+      const long long e = (i + u * stride) * 8;  // the vector's first element, flat
+      long long r = 0, c = e;
+      if constexpr (BR != 0 || BC != 0) {
+        r = e / cols;
+        c = e - r * cols;
+      }
+      dequantize8<F, OUT, BC, E8M0>(raw[u], BR ? (r / BR) * scale_cols : 0, c, scale, out + e);
+    }
   }
 }
 
@@ -144,25 +150,7 @@ fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ sca
         const float s = dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
         orow[c] = from_float<OUT>(__fmul_rn(fp8_to_float<F>(xr[c]), s));
       } else {
-        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xr + c));
-        float v[8];
-        const float s0 = BC == 1 ? 0.f : dequant_scale<E8M0>(scale, srow + (BC ? c / BC : 0));
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-          fp8x2_to_float2<F>((j < 4 ? raw.x : raw.y) >> (8 * (j & 3)), v[j], v[j + 1]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float s = BC == 1 ? dequant_scale<E8M0>(scale, srow + c + j) : s0;
-          v[j] = __fmul_rn(v[j], s);
-        }
-        if constexpr (sizeof(OUT) == 4) {
-          float lo[4] = {v[0], v[1], v[2], v[3]}, hi[4] = {v[4], v[5], v[6], v[7]};
-          store_floats<OUT, 4>(orow + c, lo);
-          store_floats<OUT, 4>(orow + c + 4, hi);
-        } else {
-          store_floats<OUT, 8>(orow + c, v);
-        }
+        dequantize8<F, OUT, BC, E8M0>(__ldg(reinterpret_cast<const uint2*>(xr + c)), srow, c, scale, orow + c);
       }
     }
   }

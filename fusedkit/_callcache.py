@@ -466,15 +466,15 @@ def fp8_gemm(a, b, out_dtype, bias, activation, out_scale, accumulate_into, spli
 # ----------------------------------------------------------------------------------------------------
 # FP8 per-tensor quantize (fusedkit.quantize without transpose, amax_out or a block recipe): delayed
 # scaling with the scale as a device array of x's framework, or current scaling. The full path costs
-# 28 us per 4 x 1024 call on torch tensors on the H200 host; its Python is 13 us on a CPU with the launch
-# stubbed (docs/perf_notes.rst), most of it validation, views and planning, which this path skips. The
-# outputs' fp32 scalars share one zeroed allocation (amax, scale_inv, current scaling's scale): two
-# allocations per call instead of four. Calls with a float scale take the full path.
+# 28 us per 4 x 1024 call on torch tensors on the H200 host; on a CPU with the launches stubbed
+# (docs/perf_notes.rst) its Python is 16.3 us and this path's 9.4 us: it skips validation, views and
+# planning, and the outputs' fp32 scalars share one zeroed allocation (amax, scale_inv, current
+# scaling's scale): two allocations per call instead of four. Calls with a float scale take the full path.
 
 class QuantPlan:
     """What a cached quantize call needs beyond its pointers."""
 
-    __slots__ = ("amax_fn", "cast_fn", "grid", "device", "n", "eps", "pow2", "current", "fmt", "u8")
+    __slots__ = ("amax_fn", "cast_fn", "grid", "block", "device", "n", "eps", "pow2", "current", "fmt", "u8")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -509,20 +509,20 @@ def remember_quantize(x, fmt_arg, fmt, scale, recipe, kind, device, n, x_dt, cur
         import torch
         _torch_tensor, u8 = torch.Tensor, torch.uint8
     amax_fn, cast_fn, grid = cuda_fp8.quantize_plan(n, x_dt, fmt.name, current, device)
-    _plans[key] = QuantPlan(amax_fn=amax_fn, cast_fn=cast_fn, grid=grid, device=device, n=n,
-                            eps=float(recipe.amax_epsilon), pow2=int(recipe.power_of_2_scales), current=current,
-                            fmt=fmt, u8=u8)
+    _plans[key] = QuantPlan(amax_fn=amax_fn, cast_fn=cast_fn, grid=grid, block=(cuda_fp8.THREADS, 1),
+                            device=device, n=n, eps=float(recipe.amax_epsilon),
+                            pow2=int(recipe.power_of_2_scales), current=current, fmt=fmt, u8=u8)
 
 
 def quantize(x, fmt, scale, recipe):
     """An FP8Tensor of x through a cached plan, or None (take the full path). ``recipe``: the
-    CurrentScaling of a current-scaling call (None: the default), ignored with a scale."""
+    CurrentScaling of the call (ignored with a scale)."""
     is_cupy = _is_cupy(x)
     if is_cupy is None:
         return None
     current = scale is None
     try:
-        plan = _plans.get(_qkey(x, fmt, scale, (recipe or _default_current()) if current else None))
+        plan = _plans.get(_qkey(x, fmt, scale, recipe if current else None))
     except (TypeError, AttributeError):
         return None
     if plan is None:
@@ -544,7 +544,7 @@ def quantize(x, fmt, scale, recipe):
         buf = torch.zeros(3, dtype=torch.float32, device=x.device)
     pbuf = _ptr(buf)
     amax_p, sinv_p = pbuf, pbuf + 4
-    block = (256, 1)
+    block = plan.block
     if current:  # the amax pass fills amax, the cast derives its scale from it into buf[2]
         plan.amax_fn.launch_current(plan.grid, block, 0, stream, xp, amax_p, plan.n)
         args = (0, amax_p, pbuf + 8, sinv_p, 0)
@@ -552,14 +552,3 @@ def quantize(x, fmt, scale, recipe):
         args = (sp_, 0, 0, sinv_p, amax_p)
     plan.cast_fn.launch_current(plan.grid, block, 0, stream, xp, _ptr(data), *args, plan.n, plan.eps, plan.pow2)
     return _FP8Tensor(data, buf[1:2], plan.fmt, buf[0:1])
-
-
-_CURRENT_DEFAULT = None
-
-
-def _default_current():
-    global _CURRENT_DEFAULT
-    if _CURRENT_DEFAULT is None:
-        from .fp8.api import _CURRENT
-        _CURRENT_DEFAULT = _CURRENT
-    return _CURRENT_DEFAULT

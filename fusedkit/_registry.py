@@ -89,10 +89,10 @@ OPS.update({
     # dgelu (tanh) fused with the cast-transpose of its result: 6MN for 2-byte dy and x
     "fp8_dact_cast_transpose": Op("fp8_dact_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
                                   _fp8_dact_cast_transpose_bytes, reference.fp8.dact_cast_transpose),
-    # norms with FP8 output: read x, write FP8 bytes (3MN for 2-byte x), same byte model as the delayed cast
     # FP8 bytes -> the output dtype (s: its item size): read MN bytes, write MN * s
     "fp8_dequantize": Op("fp8_dequantize", cuda_fp8.DEQUANT_FILE, cuda_fp8.vec_width, _fp8_delayed_bytes,
                          reference.fp8.dequantize),
+    # norms with FP8 output: read x, write FP8 bytes (3MN for 2-byte x), same byte model as the delayed cast
     "layer_norm_fp8_fwd": Op("layer_norm_fp8_fwd", cuda_norms.FILE, cuda_norms.fwd_fp8_config, _fp8_delayed_bytes,
                              reference.norms.layer_norm_fp8),
     "rms_norm_fp8_fwd": Op("rms_norm_fp8_fwd", cuda_norms.FILE, partial(cuda_norms.fwd_fp8_config, rms=True),

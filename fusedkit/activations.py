@@ -86,11 +86,10 @@ def _forward_fp8(x, kind, bias, fmt, scale, kind_call, x_dt, N, amax_out=None):
             amax = _amax.merge_host(amax_out, amax, kind_call, "fusedkit: fp8_amax_out")
         return FP8Tensor(_interop.from_numpy(data, kind_call), sinv, f, amax)
     if kind_call == _interop.JAX:  # an XLA buffer callback (fusedkit/jax/_fp8.py)
-        from .fp8.api import _jax_scale
         from .jax import _fp8
         if amax_out is not None:
             _amax.check(amax_out, kind_call, "fusedkit: fp8_amax_out")  # raises: JAX arrays are immutable
-        data, sinv, amax = _fp8.act_forward(x, bias, _jax_scale(scale, "fusedkit"), kind, f.name)
+        data, sinv, amax = _fp8.act_forward(x, bias, _fp8.scale_array(scale, "fusedkit", "fp8_scale"), kind, f.name)
         return FP8Tensor(data, sinv, f, amax)
     from .backends import cuda_activations
 

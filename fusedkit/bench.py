@@ -695,8 +695,8 @@ def overhead_rows(torch, n=2000):
 
 def fp8_overhead_rows(torch, n=2000):
     """Per-call host time of the FP8 casts at 4 x 1024 (torch tensors): a delayed-scaling quantize
-    (fusedkit against torch eager's scale, saturate, cast and amax) and LayerNorm with FP8 output. Their
-    calls have no call cache yet: these rows tell whether small layers are host-bound there."""
+    (fusedkit, through its call cache after the first call, against torch eager's scale, saturate, cast
+    and amax) and LayerNorm with FP8 output (no call cache): whether small layers are host-bound there."""
     import fusedkit as fk
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)

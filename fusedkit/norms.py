@@ -190,21 +190,14 @@ def _jax_fp8(x, weight, bias, residual, eps, zero_centered_gamma, return_stats, 
     """The FP8-output forward on JAX GPU arrays and tracers (an XLA buffer callback, fusedkit/jax/_fp8.py):
     an FP8Tensor of JAX arrays (a pytree once fusedkit.jax is imported, as it is here), then h, then the
     stats."""
-    import jax.numpy as jnp
-    import numpy as np
-
     from .fp8 import _amax
     from .fp8.tensor import FP8Tensor
     from .jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, JAX, "fusedkit: fp8_amax_out")  # raises: JAX arrays are immutable
-    if hasattr(scale, "shape") and framework(scale) not in _HOST_KINDS:
-        if framework(scale) not in _interop.JAX_KINDS:
-            raise TypeError(f"fusedkit: `fp8_scale` is a {framework(scale)} array but x is a JAX array; pass a "
-                            "float or a 1-element float32 JAX array")
-        s = jnp.reshape(scale, (1,))
-    else:
-        s = jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32)
+    if hasattr(scale, "shape") and framework(scale) in _HOST_KINDS:  # checked by _fp8_request: a host value
+        scale = _interop.to_numpy(scale, framework(scale))
+    s = _fp8.scale_array(scale, "fusedkit", "fp8_scale")
     y, sinv, amax, h, mean, rstd = _fp8.norm_forward(x, weight, bias, residual, s, eps, zero_centered_gamma,
                                                            fmt.name, return_stats, rms)
     out = (FP8Tensor(y, sinv, fmt, amax),) + ((h,) if h is not None else ())

@@ -46,7 +46,7 @@ def quantize(x, *, fmt="e4m3", scale=None, recipe=None, transpose=False, weight=
     (M, N), Transformer Engine's columnwise MXFP8 for the weight-gradient GEMM: ``.data`` in x's
     layout, ``.scale_inv`` E8M0 bytes of shape (ceil(M / 32), N), ``.block == (32, 1)``."""
     if not transpose and amax_out is None and not columnwise and (recipe is None or type(recipe) is CurrentScaling):
-        t = _callcache.quantize(x, fmt, scale, recipe)
+        t = _callcache.quantize(x, fmt, scale, recipe or _CURRENT)
         if t is not None:  # a repeat call of a signature that launched before (fusedkit/_callcache.py)
             return t
     f = as_format(fmt)
@@ -109,7 +109,7 @@ def _quantize_jax(x, f, scale, rec, transpose, amax_out):
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, "fusedkit.quantize")  # raises: JAX arrays are immutable
     if scale is not None:  # (x's dtype was checked by quantize: _dtypes.canonical)
-        scale = _jax_scale(scale, "fusedkit.quantize")
+        scale = _fp8.scale_array(scale, "fusedkit.quantize", "scale")
     data, data_t, sinv, amax = _fp8.quantize(x, scale, f.name, rec.amax_epsilon, rec.power_of_2_scales, transpose)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t)
 
@@ -250,24 +250,11 @@ def _cast_transpose_fused_jax(dy, x, activation, f, scale, rec, want_dbias, who,
     from ..jax import _fp8
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, who)  # raises: JAX arrays are immutable
-    s = None if scale is None else _jax_scale(scale, who)
+    s = None if scale is None else _fp8.scale_array(scale, who, "scale")
     key = (tuple(dy.shape), d_dt, f.name, activation, cuda_fp8.DACT_ID[activation] if x is not None else -1,
            scale is None, float(rec.amax_epsilon), bool(rec.power_of_2_scales), bool(want_dbias))
     data, data_t, sinv, amax, db = _fp8.cast_transpose_fused(dy, x, s, key)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t), db
-
-
-def _jax_scale(scale, who):
-    """A delayed scale for a JAX call as a (1,) float32 JAX array: a float / NumPy value, or a 1-element
-    float32 JAX array."""
-    import jax.numpy as jnp
-    on_device = hasattr(scale, "shape") and not isinstance(scale, (np.ndarray, np.generic))
-    if on_device and _interop.framework(scale) not in _interop.JAX_KINDS:
-        raise TypeError(f"{who}: `scale` must be a JAX array like the input, or a float")
-    if np.size(scale) != 1 or (on_device and _dtypes.canonical_or_name(scale.dtype) != "float32"):
-        raise ValueError(f"{who}: `scale` must be a float or a 1-element float32 array")
-    return (jnp.reshape(scale, (1,)) if on_device
-            else jnp.full((1,), np.float32(np.asarray(scale).reshape(())), jnp.float32))
 
 
 def _quantize_blocks(x, f, recipe, weight=False) -> FP8Tensor:
@@ -449,18 +436,16 @@ def _dequantize_jax(t, out_dt):
     rows = int(np.prod(shape[:-1])) if cols else 0
     mode, (srows, scols), sdt = _dequant_scales(t, rows, cols)
     s = t.scale_inv
-    if not hasattr(s, "shape"):
-        if mode != "tensor":
-            raise TypeError(f"fusedkit.dequantize: `t.scale_inv` of a {mode} FP8Tensor must be an array")
-        s = jnp.full((1,), float(np.float32(s)), jnp.float32)
-    elif _interop.framework(s) not in _interop.JAX_KINDS:
-        raise TypeError(f"fusedkit.dequantize: `t.scale_inv` must be a JAX array like `t.data` (or a float, "
-                        f"per-tensor scaling), got {type(s).__name__}")
-    if _dtypes.canonical_or_name(s.dtype) != sdt or int(np.prod(s.shape)) != srows * scols:
+    if mode == "tensor":
+        s = _fp8.scale_array(s, "fusedkit.dequantize", "t.scale_inv")
+    elif not hasattr(s, "shape") or _interop.framework(s) not in _interop.JAX_KINDS:
+        raise TypeError(f"fusedkit.dequantize: `t.scale_inv` of a {mode} FP8Tensor must be a JAX array like "
+                        f"`t.data`, got {type(s).__name__}")
+    elif _dtypes.canonical_or_name(s.dtype) != sdt or int(np.prod(s.shape)) != srows * scols:
         raise ValueError(f"fusedkit.dequantize: `t.scale_inv` of this {mode} FP8Tensor must hold {srows} x {scols} "
                          f"{sdt} values for data of shape {shape}, got {tuple(s.shape)} {s.dtype}")
     return _fp8.dequantize(t.data, jnp.reshape(s, (srows * scols,)), t.fmt.name, mode, t.mode, t.block,
-                                 srows, scols, out_dt)
+                           srows, scols, out_dt)
 
 
 def _dequant_scales(t, rows, cols):

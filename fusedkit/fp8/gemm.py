@@ -177,15 +177,6 @@ def _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, s
     if K == 0:
         raise ValueError(f"{WHO} on JAX arrays needs K > 0 (the product of an empty K is the epilogue alone)")
 
-    def per_tensor(s, what):
-        if hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic)):
-            if _interop.framework(s) not in _interop.JAX_KINDS:
-                raise TypeError(f"{WHO}: `{what}` must be a JAX array like the operands, or a float")
-            if int(np.prod(s.shape)) != 1 or _dtype_name(s) != "float32":
-                raise ValueError(f"{WHO}: `{what}` must be a float or a 1-element float32 array")
-            return jnp.reshape(s, (1,))
-        return jnp.full((1,), np.float32(np.asarray(s).reshape(())), jnp.float32)
-
     def blocks(t, shape, what):
         s = t.scale_inv
         if not hasattr(s, "shape") or _interop.framework(s) not in _interop.JAX_KINDS:
@@ -196,12 +187,12 @@ def _jax(a, b, M, N, K, mode, out_kind, act, bias, out_scale, accumulate_into, s
         return s
 
     if mode == "tensor":
-        sa, sb = per_tensor(a.scale_inv, "a.scale_inv"), per_tensor(b.scale_inv, "b.scale_inv")
+        sa, sb = _fp8.scale_array(a.scale_inv, WHO, "a.scale_inv"), _fp8.scale_array(b.scale_inv, WHO, "b.scale_inv")
     else:
         kb = -(-K // 128)
         sa, sb = blocks(a, (M, kb), "a"), blocks(b, (-(-N // 128), kb), "b")
     fp8_out = out_kind in ("e4m3", "e5m2")
-    os_ = per_tensor(out_scale, "out_scale") if fp8_out else None
+    os_ = _fp8.scale_array(out_scale, WHO, "out_scale") if fp8_out else None
     key = (M, N, K, pair[0], pair[1], mode, out_kind, None if bias is None else _dtype_name(bias), activation, act,
            accumulate_into is not None, bool(split))
     out, amax = _fp8.gemm(a.data, b.data, sa, sb, bias, os_, accumulate_into, key)

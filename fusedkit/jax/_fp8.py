@@ -18,7 +18,21 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from .. import _dtypes
 from .. import reference as _ref
-from ._prims import _VMAP, _dispatch, _np, _ptr, _rows, _sds, _w_dtype
+from ._prims import _VMAP, _dispatch, _np, _ptr, _rows, _sds, _w_dtype, write_norm_extras
+
+def scale_array(s, who: str, what: str):
+    """A per-tensor scale of a JAX call (``what``: the argument's name, for errors) as a (1,) float32 JAX
+    array: a float / NumPy value, or a 1-element float32 JAX array (traced or not)."""
+    import jax.numpy as jnp
+
+    from .. import _interop
+    on_device = hasattr(s, "shape") and not isinstance(s, (np.ndarray, np.generic))
+    if on_device and _interop.framework(s) not in _interop.JAX_KINDS:
+        raise TypeError(f"{who}: `{what}` must be a JAX array like the input, or a float")
+    if np.size(s) != 1 or (on_device and _dtypes.canonical_or_name(s.dtype) != "float32"):
+        raise ValueError(f"{who}: `{what}` must be a float or a 1-element float32 array")
+    return jnp.reshape(s, (1,)) if on_device else jnp.full((1,), np.float32(np.asarray(s).reshape(())), jnp.float32)
+
 
 # ----------------------------------------------------------------------------------------------------
 # FP8 per-tensor quantize (delayed / current scaling, optionally with the transposed bytes) and
@@ -172,16 +186,11 @@ def _norm_callbacks(key):
         y_o, sinv_o, amax_o, h_o, mean_o, rstd_o = out
         r = _ref.norms._forward_fp8(_np(x), _np(w), None if rms else _np(b), _np(res), eps, zc, fmt,
                                     _np(scale).reshape(()), True, rms)
-        t, rest = r[0], list(r[1:])
+        t = r[0]
         np.asarray(y_o)[...] = t.data
         np.asarray(sinv_o)[...] = t.scale_inv
         np.asarray(amax_o)[...] = t.amax
-        if h_o is not None:
-            np.asarray(h_o)[...] = rest.pop(0)
-        if mean_o is not None:
-            np.asarray(mean_o)[...] = rest[0]
-        if rstd_o is not None:
-            np.asarray(rstd_o)[...] = rest[-1]
+        write_norm_extras(r[1:], h_o, mean_o, rstd_o)
 
     def gpu_cb(ctx, out, x, res, w, b, scale):
         import cupy

@@ -134,6 +134,18 @@ def _fwd_results(key):
             _sds(shape[:-1], "float32") if stats else None)
 
 
+def write_norm_extras(rest, h_o, mean_o, rstd_o) -> None:
+    """The reference forward's outputs after y (h with a residual, then mean and rstd, as computed with
+    return_stats=True) into the callback's buffers that exist."""
+    rest = list(rest)
+    if h_o is not None:
+        np.asarray(h_o)[...] = rest.pop(0)
+    if mean_o is not None:
+        np.asarray(mean_o)[...] = rest[0]
+    if rstd_o is not None:
+        np.asarray(rstd_o)[...] = rest[-1]
+
+
 @functools.lru_cache(maxsize=None)
 def _fwd_callable(platform: str, key):
     """One buffer_callback per (platform, static config): eager calls hit JAX's compile cache."""
@@ -147,14 +159,8 @@ def _fwd_callable(platform: str, key):
         kw = {} if rms else {"bias": _np(b)}
         r = fn(_np(x), _np(w), eps=eps, zero_centered_gamma=zc, out_dtype=_dtypes.numpy_dtype(o_dt),
                return_stats=True, residual=_np(res), **kw)
-        r = list(r)
-        np.asarray(y_o)[...] = r.pop(0)
-        if h_o is not None:
-            np.asarray(h_o)[...] = r.pop(0)
-        if mean_o is not None:
-            np.asarray(mean_o)[...] = r[0]
-        if rstd_o is not None:
-            np.asarray(rstd_o)[...] = r[-1]
+        np.asarray(y_o)[...] = r[0]
+        write_norm_extras(r[1:], h_o, mean_o, rstd_o)
 
     def gpu_cb(ctx, out, x, res, w, b):
         if M == 0:
