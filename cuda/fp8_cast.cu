@@ -1,16 +1,14 @@
 // fusedkit/cuda/fp8_cast.cu -- FP8 quantization of a contiguous tensor: per-tensor, cast-transpose (with
 // dbias and activation backward fused), MXFP8 (row- and column-wise) and block scaling (issue 4).
 //
-// fp8_quantize<T, F, VEC, CURRENT>: one pass, grid-stride over 16-byte input vectors (VEC = 8 for
-// bf16/fp16, 4 for fp32, 1 for odd sizes). Each element: f = float(x); amax = fmaxf(amax, |f|) (NaN is
-// ignored, as fmaxf does); byte = sat_rn(f * scale). The block's amax is merged into *amax_out with an
+// fp8_quantize<T, F, VEC, CURRENT, UNROLL>: one pass over 16-byte input vectors (VEC = 8 for bf16/fp16,
+// 4 for fp32, 1 for odd sizes), UNROLL vectors per thread, one chunk per block (see fp8_amax). Each
+// element: f = float(x); amax = fmaxf(amax, |f|) (NaN is ignored, as fmaxf does); byte = sat_rn(f * scale). The block's amax is merged into *amax_out with an
 // atomicMax on the float's bits (valid for values >= 0; order-independent, so deterministic).
 // Block 0 writes scale_inv = 1 / scale (and, with CURRENT, the scale it used).
 //   Delayed scaling (CURRENT = false): scale = *scale_in (from the amax history, no host sync).
 //   Current scaling (CURRENT = true): fp8_amax first writes the tensor's amax; every block then derives
 //   the same scale from it (fusedkit.fp8.recipes.current_scale rules, fp32, IEEE division).
-// 16-byte vectors: two loads in flight per thread, cast four values to a word (common/fp8.cuh
-// store_fp8_vec: two F2FP per word, no byte inserts); odd sizes (VEC 1 or 2) keep the pairwise loop.
 // Bytes: delayed 3MN for 2-byte input (read x, write bytes); current 5MN (x read twice).
 // Numerics: casts RNE with saturation (common/fp8.cuh), x * scale in fp32 without contraction, as the
 // CPU reference (fusedkit/reference/fp8.py) does.
@@ -112,64 +110,45 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 #define FK_AMAX_REVERSE 1
 #endif
 
-template <typename T, int VEC>
+// Work split of the one-pass kernels fp8_amax and fp8_quantize (as cuda/activations.cu's): block b owns
+// UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
+// issues all its loads before the first use (UNROLL x 16 bytes in flight per thread). The host launches
+// ceil(nvec / (UNROLL * blockDim.x)) blocks (cuda_fp8.onepass_blocks): no grid-stride loop, the load
+// latency hidden by block turnover, as in the activations (gelu 0.88 -> 0.95 of copy when they left
+// the grid-stride loop). A smaller grid still covers every vector: the chunks stride by the grid.
+template <typename T, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256)
 fp8_amax(const T* __restrict__ x, float* __restrict__ amax_out, long long n) {
-  const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
+  const long long nvec = n / VEC, chunk = (long long)blockDim.x * UNROLL;
   // vector v of the walk is x's vector at(v) (the walk's order: see FK_AMAX_REVERSE)
   auto at = [&](long long v) { return FK_AMAX_REVERSE ? x + (nvec - 1 - v) * VEC : x + v * VEC; };
   float m = 0.f;
-  long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  for (; v + stride < nvec; v += 2 * stride) {  // two loads in flight per thread (see fp8_quantize)
-    const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
-    const Vec<T, VEC> b = load_vec<T, VEC>(at(v + stride));
+  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+    Vec<T, VEC> a[UNROLL];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) m = fmaxf(m, fmaxf(fabsf(to_float(a.v[j])), fabsf(to_float(b.v[j]))));
-  }
-  if (v < nvec) {
-    const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(at(c + (long long)k * blockDim.x));
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a.v[j])));
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a[k].v[j])));
   }
   block_amax_merge(m, amax_out);
 }
 
-template <typename T, typename F, int VEC, bool CURRENT>
-__global__ void __launch_bounds__(256)
-fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const float* __restrict__ scale_in,
-             const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
-             float* __restrict__ amax_out, long long n, float amax_epsilon, int pow2) {
-  const float scale = CURRENT ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    scale_inv_out[0] = __fdiv_rn(1.f, scale);
-    if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
-  }
-  const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
-  float m = 0.f;
-  long long v0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+// One loaded vector cast to FP8 bytes at out, |x| merged into m. 16-byte vectors (VEC % 4 == 0): four
+// values to a word (common/fp8.cuh store_fp8_vec: two F2FP per word, no byte inserts); odd sizes
+// (VEC 1 or 2) pairwise.
+template <typename T, typename F, int VEC>
+__device__ __forceinline__ void quantize_vec(const Vec<T, VEC>& a, unsigned char* __restrict__ out, float scale,
+                                             float& m) {
   if constexpr (VEC % 4 == 0) {
-    // 16-byte vectors: two loads in flight per thread before either is used (one per iteration left
-    // 32 KB in flight per SM at 8 blocks of 256, about the H200's bandwidth x latency per SM), cast
-    // four values to a word (common/fp8.cuh store_fp8_vec)
-    for (; v0 < nvec; v0 += 2 * stride) {
-      const long long v1 = v0 + stride;
-      const Vec<T, VEC> a = load_vec<T, VEC>(x + v0 * VEC);
-      Vec<T, VEC> b;
-      if (v1 < nvec) b = load_vec<T, VEC>(x + v1 * VEC);
-      float f[VEC];
+    float f[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) f[j] = to_float(a.v[j]);
-      store_fp8_vec<F, VEC>(out + v0 * VEC, f, scale, m);
-      if (v1 < nvec) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) f[j] = to_float(b.v[j]);
-        store_fp8_vec<F, VEC>(out + v1 * VEC, f, scale, m);
-      }
-    }
-    v0 = nvec;  // done: the loop below is the path of odd sizes
-  }
-  for (long long v = v0; v < nvec; v += stride) {
-    const Vec<T, VEC> a = load_vec<T, VEC>(x + v * VEC);
+    for (int j = 0; j < VEC; ++j) f[j] = to_float(a.v[j]);
+    store_fp8_vec<F, VEC>(out, f, scale, m);
+  } else {
     Vec<unsigned char, VEC> q;
     if constexpr (VEC == 1) {
       const float f = to_float(a.v[0]);
@@ -185,7 +164,32 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
         q.v[j + 1] = (unsigned char)(p >> 8);
       }
     }
-    store_vec<unsigned char, VEC>(out + v * VEC, q);
+    store_vec<unsigned char, VEC>(out, q);
+  }
+}
+
+template <typename T, typename F, int VEC, bool CURRENT, int UNROLL>
+__global__ void __launch_bounds__(256)
+fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const float* __restrict__ scale_in,
+             const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
+             float* __restrict__ amax_out, long long n, float amax_epsilon, int pow2) {
+  const float scale = CURRENT ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    scale_inv_out[0] = __fdiv_rn(1.f, scale);
+    if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
+  }
+  const long long nvec = n / VEC, chunk = (long long)blockDim.x * UNROLL;
+  float m = 0.f;
+  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+    Vec<T, VEC> a[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+      const long long v = c + (long long)k * blockDim.x;
+      if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
+    }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);
 }

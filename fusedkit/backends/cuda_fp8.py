@@ -2,6 +2,8 @@
 cuda/fp8_dequantize.cu). Pointers in, no syncs."""
 from __future__ import annotations
 
+import os
+
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
 from ._common import align_elems, grid_stride_blocks, launcher, vec_width
@@ -12,14 +14,24 @@ SCALING_FILE = "fp8_scaling.cu"
 DEQUANT_FILE = "fp8_dequantize.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
+# Vectors per thread of the one-pass fp8_quantize / fp8_amax (all loads issued before the first use; the
+# grid covers the tensor once: onepass_blocks). FUSEDKIT_QUANT_UNROLL overrides it (A/B runs).
+QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or 2)
 
 
-def quantize_expr(x_dt, fmt, vec, current) -> str:
-    return f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}>"
+def quantize_expr(x_dt, fmt, vec, current, unroll=None) -> str:
+    return (f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}, "
+            f"{unroll or QUANT_UNROLL}>")
 
 
-def amax_expr(x_dt, vec) -> str:
-    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}>"
+def amax_expr(x_dt, vec, unroll=None) -> str:
+    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}, {unroll or QUANT_UNROLL}>"
+
+
+def onepass_blocks(nvec: int) -> int:
+    """Grid of fp8_quantize / fp8_amax over nvec vectors: one chunk of QUANT_UNROLL x THREADS vectors per
+    block (at least one block: block 0 also writes scale_inv)."""
+    return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
 
 
 def _vec(n, x, x_dt, out=0, out_size=1) -> int:
@@ -38,7 +50,7 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
     ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
     vec = _vec(n, x, x_dt, out)
-    grid = grid_stride_blocks(n // vec, THREADS, device)
+    grid = onepass_blocks(n // vec)
     sp = stream_ptr(stream)
     if current:
         launcher(FILE, amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
@@ -51,7 +63,7 @@ def quantize_plan(n, x_dt, fmt, current, device):
     or None, the cast launcher, the grid), for fusedkit/_callcache.py (launch_current with quantize's
     arguments)."""
     vec = _vec(n, 0, x_dt)  # aligned pointers: the widest vector n allows
-    grid = grid_stride_blocks(n // vec, THREADS, device)
+    grid = onepass_blocks(n // vec)
     amax_fn = launcher(FILE, amax_expr(x_dt, vec), "ppq", device) if current else None
     return amax_fn, launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device), grid
 
@@ -96,8 +108,7 @@ def ct_grid(M, N, dbias) -> tuple[int, int]:
 def _current_amax(x, amax_in, n, x_dt, sp, device):
     """First pass of current scaling of a plain cast: amax of x into amax_in (zeroed)."""
     avec = _vec(n, x, x_dt)
-    launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
-        grid_stride_blocks(n // avec, THREADS, device), (THREADS, 1), 0, sp, x, amax_in, n)
+    launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(onepass_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
 
 
 def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
