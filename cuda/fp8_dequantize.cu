@@ -1,7 +1,7 @@
 // fusedkit/cuda/fp8_dequantize.cu -- FP8 bytes back to values: out = round_OUT(fp8_value * scale), one pass
 // (issue 4: fusedkit.dequantize on device arrays, every scaling mode of an FP8Tensor).
 //
-// fp8_dequantize<F, OUT, VEC, BR, BC, E8M0>: the bytes viewed as rows x cols (cols = the last dim); the
+// fp8_dequantize<F, OUT, VEC, BR, BC, E8M0, UNROLL>: the bytes viewed as rows x cols (cols = the last dim); the
 // scale of element (r, c) is scale[(r / BR) * scale_cols + c / BC], a term left out where BR or BC is 0:
 //   per tensor            BR = 0,   BC = 0    (one fp32 scale_inv)
 //   MXFP8 rows            BR = 1,   BC = 32   (E8M0 bytes, (rows, ceil(cols / 32)))
@@ -10,7 +10,8 @@
 //   1 x 128 blocks        BR = 1,   BC = 128  (fp32 scale_inv, (rows, ceil(cols / 128)))
 //   128 x 128 blocks      BR = 128, BC = 128  (fp32 scale_inv, (ceil(rows / 128), ceil(cols / 128)))
 // An E8M0 byte e is 2^(e - 127) (e = 255: +inf, as the reference's ldexp gives; e = 0: 2^-127, a
-// subnormal). Grid: x over each row's VEC-element vectors (grid-stride), y over rows (grid-stride).
+// subnormal). Grid: x over each row's VEC-element vectors (grid-stride), y over rows (grid-stride); with
+// UNROLL > 0 (per-tensor scale only) a flat one-pass walk instead (dequantize_flat).
 // VEC = 8 when cols % 8 == 0 and the bytes are 8-byte and the output 16-byte aligned (one 8-byte load,
 // 16-byte stores), else 1. With VEC = 8 the vector's elements share one scale unless BC = 1.
 // Numerics, as fusedkit.reference.fp8: the FP8 value decoded exactly, one fp32 multiply (no
@@ -66,19 +67,6 @@ __device__ __forceinline__ float dequant_scale(const void* scale, long long i) {
   }
 }
 
-// Experiment (0 = shipped): FK_DEQUANT_UNROLL = U > 0 walks the 8-byte vectors of the tensor flat over the
-// same grid (block (x, y) as one linear index), each thread loading U vectors (i, i + stride, ...) before
-// converting any: 8U bytes of x in flight per thread instead of 8, each warp store still one contiguous
-// 512-byte run for bf16 out. Row and column come from the flat index (a division) where the scales
-// need them. A/B: EXP_OPTIONS="-DFK_DEQUANT_UNROLL=4" EXP_ONLY=fp8_dequantize (tools/gpu_check.sh
-// expbench). Measured so far (fp8_dequantize, of copy / against torch.compile): the shipped walk 0.867 /
-// 0.92x on the H200 (2026-12-05T194437Z); a flat walk of 16-byte vectors, two per thread, whose lanes
-// each stored 32 bytes as two 16-byte halves 32 bytes apart, 0.706 / 0.74x on the H100
-// (ab_dequant_vec16_H100_2026-12-05T194939Z.json).
-#ifndef FK_DEQUANT_UNROLL
-#define FK_DEQUANT_UNROLL 0
-#endif
-
 // Eight FP8 bytes (columns c .. c + 7 of a row whose scales start at srow) out to `o` as OUT: decoded
 // pairwise, one fp32 multiply each by the vector's scale (BC = 1: each column's own), 16-byte stores.
 template <typename F, typename OUT, int BC, bool E8M0>
@@ -102,44 +90,44 @@ __device__ __forceinline__ void dequantize8(uint2 raw, long long srow, long long
   }
 }
 
-template <typename F, typename OUT, int BR, int BC, bool E8M0, int U>
+// UNROLL > 0 (per-tensor scale, VEC = 8; cuda_fp8.DEQUANT_UNROLL): the tensor's 8-byte vectors walked
+// flat in one pass, as fp8_quantize walks its input (cuda/fp8_cast.cu): block b owns UNROLL * blockDim.x
+// consecutive vectors, thread t takes t, t + blockDim.x, ... of them and issues every load before the
+// first conversion (8 x UNROLL bytes of x in flight per thread; each warp store one contiguous 512-byte
+// run for 2-byte output); a 1-D grid of ceil(nvec / (UNROLL * blockDim.x)) blocks (a smaller one still
+// covers the tensor: the chunks stride by the grid). Measured so far (fp8_dequantize, of copy / against
+// torch.compile): the row walk below 0.867 / 0.92x on the H200 (2026-12-05T194437Z); a flat walk of
+// 16-byte vectors whose lanes each stored 32 bytes as two 16-byte halves 32 bytes apart, 0.706 / 0.74x on
+// the H100 (ab_dequant_vec16_H100_2026-12-05T194939Z.json).
+template <typename F, typename OUT, int UNROLL>
 __device__ __forceinline__ void dequantize_flat(const unsigned char* __restrict__ x, const void* __restrict__ scale,
-                                                OUT* __restrict__ out, long long rows, long long cols,
-                                                long long scale_cols) {
-  const long long nvec = rows * (cols / 8);
-  const long long stride = (long long)gridDim.x * gridDim.y * blockDim.x;
-  const long long first = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-  for (long long i = first; i < nvec; i += U * stride) {
-    uint2 raw[U];
+                                                OUT* __restrict__ out, long long n) {
+  const long long nvec = n / 8, chunk = (long long)blockDim.x * UNROLL;
+  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+    uint2 raw[UNROLL];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i + u * stride < nvec) raw[u] = __ldg(reinterpret_cast<const uint2*>(x) + i + u * stride);
+    for (int u = 0; u < UNROLL; ++u)
+      if (c + (long long)u * blockDim.x < nvec)
+        raw[u] = __ldg(reinterpret_cast<const uint2*>(x) + c + (long long)u * blockDim.x);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (i + u * stride >= nvec) continue;
-      const long long e = (i + u * stride) * 8;  // the vector's first element, flat
-      long long r = 0, c = e;
-      if constexpr (BR != 0 || BC != 0) {
-        r = e / cols;
-        c = e - r * cols;
-      }
-      dequantize8<F, OUT, BC, E8M0>(raw[u], BR ? (r / BR) * scale_cols : 0, c, scale, out + e);
+    for (int u = 0; u < UNROLL; ++u) {
+      const long long v = c + (long long)u * blockDim.x;
+      if (v < nvec) dequantize8<F, OUT, 0, false>(raw[u], 0, 0, scale, out + v * 8);
     }
   }
 }
 
-template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0>
+template <typename F, typename OUT, int VEC, int BR, int BC, bool E8M0, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
 fp8_dequantize(const unsigned char* __restrict__ x, const void* __restrict__ scale, OUT* __restrict__ out,
                long long rows, long long cols, long long scale_cols) {
   static_assert(VEC == 1 || VEC == 8, "one byte, or eight bytes per thread");
   static_assert(VEC == 1 || BC == 0 || BC == 1 || BC % 8 == 0, "a vector shares its scale unless BC = 1");
-#if FK_DEQUANT_UNROLL > 0
-  if constexpr (VEC == 8) {
-    dequantize_flat<F, OUT, BR, BC, E8M0, FK_DEQUANT_UNROLL>(x, scale, out, rows, cols, scale_cols);
+  static_assert(UNROLL == 0 || (VEC == 8 && BR == 0 && BC == 0), "the flat walk: per-tensor scale, 8-byte vectors");
+  if constexpr (UNROLL > 0) {
+    dequantize_flat<F, OUT, UNROLL>(x, scale, out, rows * cols);
     return;
   }
-#endif
   const long long step = (long long)gridDim.x * blockDim.x * VEC;
   for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
     const long long srow = BR ? (r / BR) * scale_cols : 0;

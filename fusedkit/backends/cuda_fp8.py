@@ -225,10 +225,17 @@ DEQUANT_MODES = {"tensor": (0, 0, False), "mxfp8": (1, 32, True), "mxfp8_cols": 
                  "block_1x128": (1, 128, False), "block_128x128": (128, 128, False)}
 
 
-def dequantize_expr(fmt, out_dt, vec, mode) -> str:
+# Vectors per thread of the flat one-pass dequantize walk (per-tensor scale, 8-byte vectors; 0: the
+# row walk, cuda/fp8_dequantize.cu). FUSEDKIT_DEQUANT_UNROLL overrides it (A/B runs); DEQUANT_UNROLLS:
+# the alternatives the compile-all check builds.
+DEQUANT_UNROLL = int(os.environ.get("FUSEDKIT_DEQUANT_UNROLL") or 0)
+DEQUANT_UNROLLS = (2, 4)
+
+
+def dequantize_expr(fmt, out_dt, vec, mode, unroll=0) -> str:
     br, bc, e8m0 = DEQUANT_MODES[mode]
     return (f"fk::fp8_dequantize<{FMT_CXX[fmt]}, {CXX[out_dt]}, {vec}, {br}, {bc}, "
-            f"{'true' if e8m0 else 'false'}>")
+            f"{'true' if e8m0 else 'false'}{f', {unroll}' if unroll else ''}>")
 
 
 def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device, stream):
@@ -238,10 +245,14 @@ def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device,
     if rows * cols == 0:
         return
     vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
-    cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
-    gx = min(-(-cols // (vec * THREADS)), cap)
-    gy = max(1, min(rows, 65535, cap // gx))
-    launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode), "pppqqq", device)(
+    unroll = DEQUANT_UNROLL if vec == 8 and mode == "tensor" else 0
+    if unroll:
+        gx, gy = max(1, -(-(rows * cols // 8) // (THREADS * unroll))), 1
+    else:
+        cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
+        gx = min(-(-cols // (vec * THREADS)), cap)
+        gy = max(1, min(rows, 65535, cap // gx))
+    launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode, unroll), "pppqqq", device)(
         (gx, gy), (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
 
 
@@ -269,6 +280,7 @@ def all_expressions():
                 exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
                 for mx in (False, True):
                     exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
-    dequant = sorted(dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX
-                     for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES)
+    dequant = sorted({dequantize_expr(fmt, out_dt, vec, mode, unroll) for fmt in FMT_CXX
+                      for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES
+                      for unroll in (0,) + (DEQUANT_UNROLLS if vec == 8 and mode == "tensor" else ())})
     return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"], DEQUANT_FILE: dequant}
