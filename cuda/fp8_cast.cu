@@ -1,8 +1,8 @@
 // fusedkit/cuda/fp8_cast.cu -- FP8 quantization of a contiguous tensor: per-tensor, cast-transpose (with
 // dbias and activation backward fused), MXFP8 (row- and column-wise) and block scaling (issue 4).
 //
-// fp8_quantize<T, F, VEC, CURRENT, UNROLL>: one pass over 16-byte input vectors (VEC = 8 for bf16/fp16,
-// 4 for fp32, 1 for odd sizes), UNROLL vectors per thread, one chunk per block (see fp8_amax). Each
+// fp8_quantize<T, F, VEC, CURRENT, UNROLL>: one read of x in 16-byte vectors (VEC = 8 for bf16/fp16,
+// 4 for fp32, 1 for odd sizes), grid-stride or one chunk per block by UNROLL (see fp8_amax). Each
 // element: f = float(x); amax = fmaxf(amax, |f|) (NaN is ignored, as fmaxf does); byte = sat_rn(f * scale). The block's amax is merged into *amax_out with an
 // atomicMax on the float's bits (valid for values >= 0; order-independent, so deterministic).
 // Block 0 writes scale_inv = 1 / scale (and, with CURRENT, the scale it used).
@@ -110,29 +110,48 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 #define FK_AMAX_REVERSE 1
 #endif
 
-// Work split of the one-pass kernels fp8_amax and fp8_quantize (as cuda/activations.cu's): block b owns
-// UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
-// issues all its loads before the first use (UNROLL x 16 bytes in flight per thread). The host launches
-// ceil(nvec / (UNROLL * blockDim.x)) blocks (cuda_fp8.onepass_blocks): no grid-stride loop, the load
-// latency hidden by block turnover, as in the activations (gelu 0.88 -> 0.95 of copy when they left
-// the grid-stride loop). A smaller grid still covers every vector: the chunks stride by the grid.
-template <typename T, int VEC, int UNROLL>
+// Walks of fp8_amax and fp8_quantize over x's vectors, by UNROLL:
+//   UNROLL = 0 (shipped, cuda_fp8.QUANT_UNROLL): a grid-stride loop over a grid of at most 8 blocks of 256
+//     per SM, two 16-byte loads in flight per thread per step (vectors v and v + the grid's stride).
+//   UNROLL > 0 (experiment, FUSEDKIT_QUANT_UNROLL): one pass, as cuda/activations.cu walks: block b owns
+//     UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
+//     issues all its loads before the first use; the host launches ceil(nvec / (UNROLL * blockDim.x))
+//     blocks (cuda_fp8.onepass_blocks; a smaller grid still covers every vector: the chunks stride by
+//     the grid). The activations gained 0.88 -> 0.95 of copy when they left the grid-stride loop.
+template <typename T, int VEC, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
 fp8_amax(const T* __restrict__ x, float* __restrict__ amax_out, long long n) {
-  const long long nvec = n / VEC, chunk = (long long)blockDim.x * UNROLL;
+  const long long nvec = n / VEC;
   // vector v of the walk is x's vector at(v) (the walk's order: see FK_AMAX_REVERSE)
   auto at = [&](long long v) { return FK_AMAX_REVERSE ? x + (nvec - 1 - v) * VEC : x + v * VEC; };
   float m = 0.f;
-  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
-    Vec<T, VEC> a[UNROLL];
+  if constexpr (UNROLL == 0) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; v + stride < nvec; v += 2 * stride) {  // two loads in flight per thread
+      const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
+      const Vec<T, VEC> b = load_vec<T, VEC>(at(v + stride));
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k)
-      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(at(c + (long long)k * blockDim.x));
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, fmaxf(fabsf(to_float(a.v[j])), fabsf(to_float(b.v[j]))));
+    }
+    if (v < nvec) {
+      const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k)
-      if (c + (long long)k * blockDim.x < nvec)
+      for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a.v[j])));
+    }
+  } else {
+    const long long chunk = (long long)blockDim.x * UNROLL;
+    for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+      Vec<T, VEC> a[UNROLL];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a[k].v[j])));
+      for (int k = 0; k < UNROLL; ++k)
+        if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(at(c + (long long)k * blockDim.x));
+#pragma unroll
+      for (int k = 0; k < UNROLL; ++k)
+        if (c + (long long)k * blockDim.x < nvec)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a[k].v[j])));
+    }
   }
   block_amax_merge(m, amax_out);
 }
@@ -168,7 +187,7 @@ __device__ __forceinline__ void quantize_vec(const Vec<T, VEC>& a, unsigned char
   }
 }
 
-template <typename T, typename F, int VEC, bool CURRENT, int UNROLL>
+template <typename T, typename F, int VEC, bool CURRENT, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
 fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const float* __restrict__ scale_in,
              const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
@@ -178,17 +197,35 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
     scale_inv_out[0] = __fdiv_rn(1.f, scale);
     if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
   }
-  const long long nvec = n / VEC, chunk = (long long)blockDim.x * UNROLL;
+  const long long nvec = n / VEC;
   float m = 0.f;
-  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
-    Vec<T, VEC> a[UNROLL];
+  if constexpr (UNROLL == 0) {  // the grid-stride walk (see fp8_amax)
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long v0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if constexpr (VEC % 4 == 0) {  // two loads in flight per thread
+      for (; v0 < nvec; v0 += 2 * stride) {
+        const long long v1 = v0 + stride;
+        const Vec<T, VEC> a = load_vec<T, VEC>(x + v0 * VEC);
+        Vec<T, VEC> b;
+        if (v1 < nvec) b = load_vec<T, VEC>(x + v1 * VEC);
+        quantize_vec<T, F, VEC>(a, out + v0 * VEC, scale, m);
+        if (v1 < nvec) quantize_vec<T, F, VEC>(b, out + v1 * VEC, scale, m);
+      }
+    } else {
+      for (long long v = v0; v < nvec; v += stride) quantize_vec<T, F, VEC>(load_vec<T, VEC>(x + v * VEC), out + v * VEC, scale, m);
+    }
+  } else {  // one pass (see fp8_amax)
+    const long long chunk = (long long)blockDim.x * UNROLL;
+    for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+      Vec<T, VEC> a[UNROLL];
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k)
-      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
+      for (int k = 0; k < UNROLL; ++k)
+        if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
 #pragma unroll
-    for (int k = 0; k < UNROLL; ++k) {
-      const long long v = c + (long long)k * blockDim.x;
-      if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
+      for (int k = 0; k < UNROLL; ++k) {
+        const long long v = c + (long long)k * blockDim.x;
+        if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
+      }
     }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);

@@ -28,6 +28,8 @@ class _Recorder:
 def launches(monkeypatch):
     rec = []
     monkeypatch.setattr(cuda_fp8, "launcher", lambda file, expr, codes, device: _Recorder(rec, expr))
+    monkeypatch.setattr(cuda_fp8, "grid_stride_blocks", lambda work, threads, device: max(1, min(-(-work // threads),
+                                                                                                 132 * 8)))
     with fake_cuda_gemm():
         yield rec
 

@@ -14,24 +14,33 @@ SCALING_FILE = "fp8_scaling.cu"
 DEQUANT_FILE = "fp8_dequantize.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
-# Vectors per thread of the one-pass fp8_quantize / fp8_amax (all loads issued before the first use; the
-# grid covers the tensor once: onepass_blocks). FUSEDKIT_QUANT_UNROLL overrides it (A/B runs).
-QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or 2)
+# fp8_quantize / fp8_amax's walk (cuda/fp8_cast.cu): 0 = the grid-stride loop (shipped), U > 0 = one pass
+# with U vectors per thread, all loads first (an experiment until measured: tools/ab_unroll.py).
+# FUSEDKIT_QUANT_UNROLL overrides it; QUANT_UNROLLS: the alternatives the compile-all check builds.
+QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or 0)
+QUANT_UNROLLS = (2,)
+
+
+def _unroll_arg(unroll) -> str:
+    return f", {unroll}" if unroll else ""
 
 
 def quantize_expr(x_dt, fmt, vec, current, unroll=None) -> str:
-    return (f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}, "
-            f"{unroll or QUANT_UNROLL}>")
+    u = QUANT_UNROLL if unroll is None else unroll
+    return f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}{_unroll_arg(u)}>"
 
 
 def amax_expr(x_dt, vec, unroll=None) -> str:
-    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}, {unroll or QUANT_UNROLL}>"
+    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}{_unroll_arg(QUANT_UNROLL if unroll is None else unroll)}>"
 
 
-def onepass_blocks(nvec: int) -> int:
-    """Grid of fp8_quantize / fp8_amax over nvec vectors: one chunk of QUANT_UNROLL x THREADS vectors per
-    block (at least one block: block 0 also writes scale_inv)."""
-    return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
+def quant_blocks(nvec: int, device: int) -> int:
+    """Grid of fp8_quantize / fp8_amax over nvec vectors: resident blocks at most (grid-stride walk), or
+    one chunk of QUANT_UNROLL x THREADS vectors per block (one-pass walk; at least one block, since
+    block 0 also writes scale_inv)."""
+    if QUANT_UNROLL:
+        return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
+    return grid_stride_blocks(nvec, THREADS, device)
 
 
 def _vec(n, x, x_dt, out=0, out_size=1) -> int:
@@ -50,7 +59,7 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
     ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
     vec = _vec(n, x, x_dt, out)
-    grid = onepass_blocks(n // vec)
+    grid = quant_blocks(n // vec, device)
     sp = stream_ptr(stream)
     if current:
         launcher(FILE, amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
@@ -63,7 +72,7 @@ def quantize_plan(n, x_dt, fmt, current, device):
     or None, the cast launcher, the grid), for fusedkit/_callcache.py (launch_current with quantize's
     arguments)."""
     vec = _vec(n, 0, x_dt)  # aligned pointers: the widest vector n allows
-    grid = onepass_blocks(n // vec)
+    grid = quant_blocks(n // vec, device)
     amax_fn = launcher(FILE, amax_expr(x_dt, vec), "ppq", device) if current else None
     return amax_fn, launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device), grid
 
@@ -108,7 +117,8 @@ def ct_grid(M, N, dbias) -> tuple[int, int]:
 def _current_amax(x, amax_in, n, x_dt, sp, device):
     """First pass of current scaling of a plain cast: amax of x into amax_in (zeroed)."""
     avec = _vec(n, x, x_dt)
-    launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(onepass_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
+    launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
+        quant_blocks(n // avec, device), (THREADS, 1), 0, sp, x, amax_in, n)
 
 
 def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
@@ -260,12 +270,14 @@ def all_expressions():
     exprs = set()
     for x_dt in ("float32", "float16", "bfloat16"):
         for vec in sorted({1, 16 // ITEMSIZE[x_dt]}):
-            exprs.add(amax_expr(x_dt, vec))
+            for unroll in (0,) + QUANT_UNROLLS:
+                exprs.add(amax_expr(x_dt, vec, unroll))
             for act in sorted(set(DACT_ID.values())):
                 exprs.add(dact_values_expr(x_dt, act, vec))
             for fmt in FMT_CXX:
                 for current in (False, True):
-                    exprs.add(quantize_expr(x_dt, fmt, vec, current))
+                    for unroll in (0,) + QUANT_UNROLLS:
+                        exprs.add(quantize_expr(x_dt, fmt, vec, current, unroll))
                     for vt in (1, 8):
                         exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
         for fmt in FMT_CXX:
