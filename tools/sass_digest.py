@@ -79,13 +79,14 @@ def kernels(sass: str) -> dict:
         m = re.match(r"//-+ \.text\.(\S+)", part)
         if not m:
             continue
+        part = re.split(r"\n//-+ SYMBOLS", part)[0]  # the file's last section runs into the symbol table
         lines = [ln for ln in part.splitlines()[1:]
                  if not ln.strip().startswith((".section", ".type", ".size", ".weak", ".global", ".other"))
                  and "_ZN" not in ln]
         body = re.sub(r"\.L_x_\d+", "L", "\n".join(lines))
         body = re.sub(r"\$__internal_\d+_", "$__internal_", body)  # numbered per file: helper routines
         body = re.sub(r"/\*[0-9a-f]{4,}\*/", "", body)
-        out[m.group(1).rsplit("EEv", 1)[0]] = re.sub(r"[ \t]+", " ", body)
+        out[m.group(1).rsplit("EEv", 1)[0]] = re.sub(r"[ \t]+", " ", body).strip()
     return out
 
 
