@@ -34,8 +34,7 @@ BACKENDS = backend_params(["numpy", "torch_cpu", "cupy", "torch"])
 GPU = ("cupy", "torch")
 FMTS = ["e4m3", "e5m2"]
 # M in {0, 1, 7, 1151} x N in {1, 7, 781, 1024, 4096, 14336, 16384, 65536} (65536: the looped kernel;
-# M small; 14336: a benchmark width with its own FP8 configs in TUNED_FP8: RMSNorm 12 warps x 5 vectors,
-# LayerNorm 14 x 4)
+# M small; 14336: a benchmark width with its own FP8 config, TUNED_FP8's 12 warps x 5 vectors)
 SHAPES = [(0, 1), (0, 16384), (1, 1), (1151, 1), (1, 7), (7, 7), (1151, 7), (7, 781), (1151, 781),
           (1, 1024), (1151, 1024), (7, 4096), (2, 3, 4096), (5, 14336), (1, 16384), (7, 16384), (1, 65536),
           (7, 65536)]
