@@ -3,8 +3,9 @@
 //
 // fp8_quantize<T, F, VEC, CURRENT, UNROLL>: one read of x in 16-byte vectors (VEC = 8 for bf16/fp16,
 // 4 for fp32, 1 for odd sizes), grid-stride or one chunk per block by UNROLL (see fp8_amax). Each
-// element: f = float(x); amax = fmaxf(amax, |f|) (NaN is ignored, as fmaxf does); byte = sat_rn(f * scale). The block's amax is merged into *amax_out with an
-// atomicMax on the float's bits (valid for values >= 0; order-independent, so deterministic).
+// element: f = float(x); amax = fmaxf(amax, |f|) (NaN is ignored, as fmaxf does); byte = sat_rn(f *
+// scale). The block's amax is merged into *amax_out with an atomicMax on the float's bits (valid for
+// values >= 0; order-independent, so deterministic).
 // Block 0 writes scale_inv = 1 / scale (and, with CURRENT, the scale it used).
 //   Delayed scaling (CURRENT = false): scale = *scale_in (from the amax history, no host sync).
 //   Current scaling (CURRENT = true): fp8_amax first writes the tensor's amax; every block then derives
@@ -116,7 +117,7 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 //   UNROLL > 0 (experiment, FUSEDKIT_QUANT_UNROLL): one pass, as cuda/activations.cu walks: block b owns
 //     UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
 //     issues all its loads before the first use; the host launches ceil(nvec / (UNROLL * blockDim.x))
-//     blocks (cuda_fp8.onepass_blocks; a smaller grid still covers every vector: the chunks stride by
+//     blocks (cuda_fp8.quant_blocks; a smaller grid still covers every vector: the chunks stride by
 //     the grid). The activations gained 0.88 -> 0.95 of copy when they left the grid-stride loop.
 template <typename T, int VEC, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
@@ -212,7 +213,8 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
         if (v1 < nvec) quantize_vec<T, F, VEC>(b, out + v1 * VEC, scale, m);
       }
     } else {
-      for (long long v = v0; v < nvec; v += stride) quantize_vec<T, F, VEC>(load_vec<T, VEC>(x + v * VEC), out + v * VEC, scale, m);
+      for (long long v = v0; v < nvec; v += stride)
+        quantize_vec<T, F, VEC>(load_vec<T, VEC>(x + v * VEC), out + v * VEC, scale, m);
     }
   } else {  // one pass (see fp8_amax)
     const long long chunk = (long long)blockDim.x * UNROLL;

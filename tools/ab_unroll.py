@@ -1,9 +1,9 @@
 """A/B of the FP8 casts' walks, on the GPU, in one process: fp8_quantize (delayed and current scaling)
 under cuda_fp8.QUANT_UNROLL in QUANT (0: the grid-stride walk) and fp8_dequantize under DEQUANT_UNROLL in
-DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread), at the benchmark's FP8 shapes (bf16 <-> E4M3), beside a device copy (and
-torch.compile's dequantize). Rounds are interleaved (every variant of a shape timed once per
-round, each keeps its fastest median); the quantize call cache is cleared between variants, since its
-plans hold the launcher and the grid. Prints fractions of copy, writes JSON to argv[1].
+DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread), at the benchmark's FP8 shapes
+(bf16 <-> E4M3), beside a device copy (and torch.compile's dequantize). Rounds are interleaved (every
+variant of a shape timed once per round, each keeps its fastest median); the quantize call cache is
+cleared between variants, since its plans hold the launcher and the grid. Prints fractions of copy, writes JSON to argv[1].
 
     PYTHONPATH=. python3 tools/ab_unroll.py $OUT/ab_unroll.json [--rounds 3]
 """
