@@ -81,6 +81,16 @@
 #ifndef FK_FP8_FWD_PREFETCH_AHEAD
 #define FK_FP8_FWD_PREFETCH_AHEAD 1
 #endif
+// Experiment (0 = shipped): FK_LDG_COHERENT = 1 loads the row (x, residual) of the plain and FP8 forwards
+// with plain ld.global.v4 (common/vec.cuh load_vec_coherent) instead of the read-only ld.global.nc the
+// compiler picks for const __restrict__ inputs (the weights keep it). Triton's kernels load that way:
+// torch.compile's RMSNorm forward at 16384 x 8192 (0.978 of copy on the H200 against our 0.93) has, at
+// 8 warps, our registers (63), occupancy, loads and stores per thread (compiled offline, Triton 3.9);
+// the load form is the visible difference. A/B: AB_OPTIONS="-DFK_LDG_COHERENT=1" AB_OPS=norm_fwd
+// AB_PEERS=1 tools/ab_nvrtc_options.py.
+#ifndef FK_LDG_COHERENT
+#define FK_LDG_COHERENT 0
+#endif
 
 namespace fk {
 
@@ -159,11 +169,13 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
-      raw[i] = STREAM ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-                      : load_vec<T, VEC>(x + base + (long long)v * VEC);
+      raw[i] = STREAM          ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
+               : FK_LDG_COHERENT ? load_vec_coherent<T, VEC>(x + base + (long long)v * VEC)
+                                 : load_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
-        const Vec<T, VEC> r = STREAM ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
-                                     : load_vec<T, VEC>(residual + base + (long long)v * VEC);
+        const Vec<T, VEC> r = STREAM          ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
+                              : FK_LDG_COHERENT ? load_vec_coherent<T, VEC>(residual + base + (long long)v * VEC)
+                                                : load_vec<T, VEC>(residual + base + (long long)v * VEC);
         Vec<T, VEC> h;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h.v[j] = from_float<T>(vec_elem(raw[i], j) + vec_elem(r, j));

@@ -13,24 +13,22 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-// Experiment (0 = shipped): FK_LDG_COHERENT = 1 issues load_vec's 16-byte loads as plain ld.global.v4
-// (SASS LDG.E.128) where the compiler otherwise emits the read-only ld.global.nc (LDG.E.128.CONSTANT)
-// for the kernels' const __restrict__ inputs. Triton's kernels (torch.compile's RMSNorm forward, 0.978 of
-// copy on the H200 against our 0.93 with the same registers, occupancy and access pattern) use the plain
-// form. It also frees 16 registers in the 4-vector norm forwards (the read-only weight loads are no
-// longer hoisted above the row reduction): LayerNorm 1024 / 4096 80 -> 64, RMSNorm 8192 63 -> 47.
-// A/B: AB_OPTIONS="-DFK_LDG_COHERENT=1" tools/ab_nvrtc_options.py.
-#ifndef FK_LDG_COHERENT
-#define FK_LDG_COHERENT 0
-#endif
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
-  if constexpr (FK_LDG_COHERENT && sizeof(Vec<T, N>) == 16) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+// A 16-byte load as plain ld.global.v4 (SASS LDG.E.128), where load_vec on a const __restrict__ input
+// becomes the read-only ld.global.nc (LDG.E.128.CONSTANT); other widths as load_vec. For the
+// FK_LDG_COHERENT experiment of the norm forwards (cuda/norms.cu load_row).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_coherent(const T* p) {
+  if constexpr (sizeof(Vec<T, N>) == 16) {
     uint4 u;
     asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
     return *reinterpret_cast<Vec<T, N>*>(&u);
   } else {
-    return *reinterpret_cast<const Vec<T, N>*>(p);
+    return load_vec<T, N>(p);
   }
 }
 
