@@ -1,8 +1,8 @@
 // fusedkit/cuda/fp8_dequantize.cu -- FP8 bytes back to values: out = round_OUT(fp8_value * scale), one pass
 // (issue 4: fusedkit.dequantize on device arrays, every scaling mode of an FP8Tensor).
 //
-// fp8_dequantize<F, OUT, VEC, BR, BC, E8M0, UNROLL>: the bytes viewed as rows x cols (cols = the last dim); the
-// scale of element (r, c) is scale[(r / BR) * scale_cols + c / BC], a term left out where BR or BC is 0:
+// fp8_dequantize<F, OUT, VEC, BR, BC, E8M0, UNROLL>: the bytes viewed as rows x cols (cols = the last
+// dim); the scale of element (r, c) is scale[(r / BR) * scale_cols + c / BC], a term left out where BR or BC is 0:
 //   per tensor            BR = 0,   BC = 0    (one fp32 scale_inv)
 //   MXFP8 rows            BR = 1,   BC = 32   (E8M0 bytes, (rows, ceil(cols / 32)))
 //   MXFP8 columns         BR = 32,  BC = 1    (E8M0 bytes, (ceil(rows / 32), cols): Transformer Engine's

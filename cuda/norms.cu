@@ -159,6 +159,15 @@ struct Fp8Out {
 // FULL (a kernel template flag, chosen by the host): N == ITEMS * T_ROW * VEC, every vector slot of the
 // thread holds a column, so the per-vector bounds tests go (A/B 2110Z: plain LayerNorm forward +2 %,
 // LayerNorm -> FP8 +3-4 % at 4096 and 8192).
+// One vector of a row: evict-first (STREAM), plain ld.global (the FK_LDG_COHERENT experiment) or the
+// compiler's read-only load.
+template <typename T, int VEC, bool STREAM>
+__device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
+  if constexpr (STREAM) return load_vec_stream<T, VEC>(p);
+  else if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
+  else return load_vec<T, VEC>(p);
+}
+
 template <typename T, int VEC, int ITEMS, int T_ROW, bool STREAM = true, bool FULL = false>
 __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
                                          const T* __restrict__ residual, T* __restrict__ sum_out,
@@ -169,13 +178,9 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
-      raw[i] = STREAM          ? load_vec_stream<T, VEC>(x + base + (long long)v * VEC)
-               : FK_LDG_COHERENT ? load_vec_coherent<T, VEC>(x + base + (long long)v * VEC)
-                                 : load_vec<T, VEC>(x + base + (long long)v * VEC);
+      raw[i] = load_row_vec<T, VEC, STREAM>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
-        const Vec<T, VEC> r = STREAM          ? load_vec_stream<T, VEC>(residual + base + (long long)v * VEC)
-                              : FK_LDG_COHERENT ? load_vec_coherent<T, VEC>(residual + base + (long long)v * VEC)
-                                                : load_vec<T, VEC>(residual + base + (long long)v * VEC);
+        const Vec<T, VEC> r = load_row_vec<T, VEC, STREAM>(residual + base + (long long)v * VEC);
         Vec<T, VEC> h;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h.v[j] = from_float<T>(vec_elem(raw[i], j) + vec_elem(r, j));

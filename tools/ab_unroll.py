@@ -3,7 +3,8 @@ under cuda_fp8.QUANT_UNROLL in QUANT (0: the grid-stride walk) and fp8_dequantiz
 DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread), at the benchmark's FP8 shapes
 (bf16 <-> E4M3), beside a device copy (and torch.compile's dequantize). Rounds are interleaved (every
 variant of a shape timed once per round, each keeps its fastest median); the quantize call cache is
-cleared between variants, since its plans hold the launcher and the grid. Prints fractions of copy, writes JSON to argv[1].
+cleared between variants, since its plans hold the launcher and the grid. Prints fractions of copy,
+writes JSON to argv[1].
 
     PYTHONPATH=. python3 tools/ab_unroll.py $OUT/ab_unroll.json [--rounds 3]
 """

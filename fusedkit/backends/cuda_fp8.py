@@ -245,7 +245,7 @@ DEQUANT_UNROLLS = (2, 4)
 def dequantize_expr(fmt, out_dt, vec, mode, unroll=0) -> str:
     br, bc, e8m0 = DEQUANT_MODES[mode]
     return (f"fk::fp8_dequantize<{FMT_CXX[fmt]}, {CXX[out_dt]}, {vec}, {br}, {bc}, "
-            f"{'true' if e8m0 else 'false'}{f', {unroll}' if unroll else ''}>")
+            f"{'true' if e8m0 else 'false'}{_unroll_arg(unroll)}>")
 
 
 def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device, stream):

@@ -20,6 +20,7 @@ from .. import _dtypes
 from .. import reference as _ref
 from ._prims import _VMAP, _dispatch, _np, _ptr, _rows, _sds, _w_dtype, write_norm_extras
 
+
 def scale_array(s, who: str, what: str):
     """A per-tensor scale of a JAX call (``what``: the argument's name, for errors) as a (1,) float32 JAX
     array: a float / NumPy value, or a 1-element float32 JAX array (traced or not)."""
