@@ -14,10 +14,12 @@ SCALING_FILE = "fp8_scaling.cu"
 DEQUANT_FILE = "fp8_dequantize.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
-# fp8_quantize / fp8_amax's walk (cuda/fp8_cast.cu): 0 = the grid-stride loop (shipped), U > 0 = one pass
-# with U vectors per thread, all loads first (an experiment until measured: tools/ab_unroll.py).
+# fp8_quantize / fp8_amax's walk (cuda/fp8_cast.cu): U > 0 = one pass with U vectors per thread, all loads
+# first, one chunk per block; 0 = the grid-stride loop. tools/ab_unroll.py on an H100 (2026-12-06,
+# ab_unroll_2026-12-06*.json, bf16, fraction of copy, 0 -> 2): delayed 0.905 -> 0.957 (32768 x 4096),
+# 0.929 -> 0.986 (16384 x 14336); current 0.947 -> 0.987, 0.965 -> 1.009 (4 within 0.005 of 2).
 # FUSEDKIT_QUANT_UNROLL overrides it; QUANT_UNROLLS: the alternatives the compile-all check builds.
-QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or 0)
+QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or "2")
 QUANT_UNROLLS = (2,)
 
 
@@ -236,10 +238,12 @@ DEQUANT_MODES = {"tensor": (0, 0, False), "mxfp8": (1, 32, True), "mxfp8_cols": 
 
 
 # Vectors per thread of the flat one-pass dequantize walk (per-tensor scale, 8-byte vectors; 0: the
-# row walk, cuda/fp8_dequantize.cu). FUSEDKIT_DEQUANT_UNROLL overrides it (A/B runs); DEQUANT_UNROLLS:
-# the alternatives the compile-all check builds.
-DEQUANT_UNROLL = int(os.environ.get("FUSEDKIT_DEQUANT_UNROLL") or 0)
-DEQUANT_UNROLLS = (2, 4)
+# row walk, cuda/fp8_dequantize.cu, which the block-scaled modes keep). Same H100 A/B, 0 -> 2: 0.894 ->
+# 0.955 of copy (32768 x 4096), 0.899 -> 0.968 (16384 x 14336), torch.compile 0.956 / 0.970 in those
+# rounds (4: 0.003 below 2). FUSEDKIT_DEQUANT_UNROLL overrides it (A/B runs); DEQUANT_UNROLLS: the
+# alternatives the compile-all check builds.
+DEQUANT_UNROLL = int(os.environ.get("FUSEDKIT_DEQUANT_UNROLL") or "2")
+DEQUANT_UNROLLS = (2,)
 
 
 def dequantize_expr(fmt, out_dt, vec, mode, unroll=0) -> str:
