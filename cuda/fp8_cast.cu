@@ -2,7 +2,7 @@
 // dbias and activation backward fused), MXFP8 (row- and column-wise) and block scaling (issue 4).
 //
 // fp8_quantize<T, F, VEC, CURRENT, UNROLL>: one read of x in 16-byte vectors (VEC = 8 for bf16/fp16,
-// 4 for fp32, 1 for odd sizes), grid-stride or one chunk per block by UNROLL (see fp8_amax). Each
+// 4 for fp32, 1 for odd sizes), UNROLL vectors per thread in one pass (see fp8_amax). Each
 // element: f = float(x); amax = fmaxf(amax, |f|) (NaN is ignored, as fmaxf does); byte = sat_rn(f *
 // scale). The block's amax is merged into *amax_out with an atomicMax on the float's bits (valid for
 // values >= 0; order-independent, so deterministic).
@@ -111,48 +111,31 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 #define FK_AMAX_REVERSE 1
 #endif
 
-// Walks of fp8_amax and fp8_quantize over x's vectors, by UNROLL:
-//   UNROLL = 0 (shipped, cuda_fp8.QUANT_UNROLL): a grid-stride loop over a grid of at most 8 blocks of 256
-//     per SM, two 16-byte loads in flight per thread per step (vectors v and v + the grid's stride).
-//   UNROLL > 0 (experiment, FUSEDKIT_QUANT_UNROLL): one pass, as cuda/activations.cu walks: block b owns
-//     UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
-//     issues all its loads before the first use; the host launches ceil(nvec / (UNROLL * blockDim.x))
-//     blocks (cuda_fp8.quant_blocks; a smaller grid still covers every vector: the chunks stride by
-//     the grid). The activations gained 0.88 -> 0.95 of copy when they left the grid-stride loop.
-template <typename T, int VEC, int UNROLL = 0>
+// The walk of fp8_amax and fp8_quantize over x's vectors (one pass, as cuda/activations.cu walks): block b
+// owns UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
+// issues all its loads before the first use; the host launches ceil(nvec / (UNROLL * blockDim.x)) blocks
+// (cuda_fp8.quant_blocks; a smaller grid still covers every vector: the chunks stride by the grid).
+// It replaced a grid-stride loop over the resident blocks with two loads in flight per thread: on an
+// H100 (tools/ab_unroll.py, 2026-12-06) delayed quantize 0.905 -> 0.957 of copy, current 0.947 -> 0.987
+// (UNROLL = 2; 4 the same within 0.005), as the activations had gained 0.88 -> 0.95 leaving that loop.
+template <typename T, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256)
 fp8_amax(const T* __restrict__ x, float* __restrict__ amax_out, long long n) {
   const long long nvec = n / VEC;
   // vector v of the walk is x's vector at(v) (the walk's order: see FK_AMAX_REVERSE)
   auto at = [&](long long v) { return FK_AMAX_REVERSE ? x + (nvec - 1 - v) * VEC : x + v * VEC; };
   float m = 0.f;
-  if constexpr (UNROLL == 0) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; v + stride < nvec; v += 2 * stride) {  // two loads in flight per thread
-      const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
-      const Vec<T, VEC> b = load_vec<T, VEC>(at(v + stride));
+  const long long chunk = (long long)blockDim.x * UNROLL;
+  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+    Vec<T, VEC> a[UNROLL];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, fmaxf(fabsf(to_float(a.v[j])), fabsf(to_float(b.v[j]))));
-    }
-    if (v < nvec) {
-      const Vec<T, VEC> a = load_vec<T, VEC>(at(v));
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(at(c + (long long)k * blockDim.x));
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a.v[j])));
-    }
-  } else {
-    const long long chunk = (long long)blockDim.x * UNROLL;
-    for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
-      Vec<T, VEC> a[UNROLL];
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec)
 #pragma unroll
-      for (int k = 0; k < UNROLL; ++k)
-        if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(at(c + (long long)k * blockDim.x));
-#pragma unroll
-      for (int k = 0; k < UNROLL; ++k)
-        if (c + (long long)k * blockDim.x < nvec)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a[k].v[j])));
-    }
+        for (int j = 0; j < VEC; ++j) m = fmaxf(m, fabsf(to_float(a[k].v[j])));
   }
   block_amax_merge(m, amax_out);
 }
@@ -188,7 +171,7 @@ __device__ __forceinline__ void quantize_vec(const Vec<T, VEC>& a, unsigned char
   }
 }
 
-template <typename T, typename F, int VEC, bool CURRENT, int UNROLL = 0>
+template <typename T, typename F, int VEC, bool CURRENT, int UNROLL>
 __global__ void __launch_bounds__(256)
 fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const float* __restrict__ scale_in,
              const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
@@ -200,34 +183,16 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
   }
   const long long nvec = n / VEC;
   float m = 0.f;
-  if constexpr (UNROLL == 0) {  // the grid-stride walk (see fp8_amax)
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long v0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if constexpr (VEC % 4 == 0) {  // two loads in flight per thread
-      for (; v0 < nvec; v0 += 2 * stride) {
-        const long long v1 = v0 + stride;
-        const Vec<T, VEC> a = load_vec<T, VEC>(x + v0 * VEC);
-        Vec<T, VEC> b;
-        if (v1 < nvec) b = load_vec<T, VEC>(x + v1 * VEC);
-        quantize_vec<T, F, VEC>(a, out + v0 * VEC, scale, m);
-        if (v1 < nvec) quantize_vec<T, F, VEC>(b, out + v1 * VEC, scale, m);
-      }
-    } else {
-      for (long long v = v0; v < nvec; v += stride)
-        quantize_vec<T, F, VEC>(load_vec<T, VEC>(x + v * VEC), out + v * VEC, scale, m);
-    }
-  } else {  // one pass (see fp8_amax)
-    const long long chunk = (long long)blockDim.x * UNROLL;
-    for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
-      Vec<T, VEC> a[UNROLL];
+  const long long chunk = (long long)blockDim.x * UNROLL;
+  for (long long c = (long long)blockIdx.x * chunk + threadIdx.x; c < nvec; c += (long long)gridDim.x * chunk) {
+    Vec<T, VEC> a[UNROLL];
 #pragma unroll
-      for (int k = 0; k < UNROLL; ++k)
-        if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
+    for (int k = 0; k < UNROLL; ++k)
+      if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
 #pragma unroll
-      for (int k = 0; k < UNROLL; ++k) {
-        const long long v = c + (long long)k * blockDim.x;
-        if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
-      }
+    for (int k = 0; k < UNROLL; ++k) {
+      const long long v = c + (long long)k * blockDim.x;
+      if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
     }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);

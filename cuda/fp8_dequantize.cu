@@ -98,7 +98,9 @@ __device__ __forceinline__ void dequantize8(uint2 raw, long long srow, long long
 // covers the tensor: the chunks stride by the grid). Measured so far (fp8_dequantize, of copy / against
 // torch.compile): the row walk below 0.867 / 0.92x on the H200 (2026-12-05T194437Z); a flat walk of
 // 16-byte vectors whose lanes each stored 32 bytes as two 16-byte halves 32 bytes apart, 0.706 / 0.74x on
-// the H100 (ab_dequant_vec16_H100_2026-12-05T194939Z.json).
+// the H100 (ab_dequant_vec16_H100_2026-12-05T194939Z.json); this walk with UNROLL = 2 (shipped), on an H100
+// (ab_unroll_2026-12-06T0210Z.json): 0.894 -> 0.955 of copy at 32768 x 4096, 0.899 -> 0.968 at 16384 x
+// 14336 against the row walk, torch.compile 0.956 / 0.970 in the same rounds (UNROLL = 4: 0.003 lower).
 template <typename F, typename OUT, int UNROLL>
 __device__ __forceinline__ void dequantize_flat(const unsigned char* __restrict__ x, const void* __restrict__ scale,
                                                 OUT* __restrict__ out, long long n) {

@@ -14,35 +14,27 @@ SCALING_FILE = "fp8_scaling.cu"
 DEQUANT_FILE = "fp8_dequantize.cu"
 FMT_CXX = {"e4m3": "fk::E4M3", "e5m2": "fk::E5M2"}
 THREADS = 256
-# fp8_quantize / fp8_amax's walk (cuda/fp8_cast.cu): U > 0 = one pass with U vectors per thread, all loads
-# first, one chunk per block; 0 = the grid-stride loop. tools/ab_unroll.py on an H100 (2026-12-06,
-# ab_unroll_2026-12-06*.json, bf16, fraction of copy, 0 -> 2): delayed 0.905 -> 0.957 (32768 x 4096),
-# 0.929 -> 0.986 (16384 x 14336); current 0.947 -> 0.987, 0.965 -> 1.009 (4 within 0.005 of 2).
-# FUSEDKIT_QUANT_UNROLL overrides it; QUANT_UNROLLS: the alternatives the compile-all check builds.
+# Vectors per thread of fp8_quantize / fp8_amax's one-pass walk (cuda/fp8_cast.cu). tools/ab_unroll.py on
+# an H100 (2026-12-06, benchmarks/results/ab_unroll_2026-12-06T0210Z.json, bf16, fraction of copy), the
+# grid-stride loop it replaced -> 2: delayed 0.905 -> 0.957 (32768 x 4096), 0.929 -> 0.986 (16384 x 14336);
+# current 0.947 -> 0.987, 0.965 -> 1.009; 4 within 0.005 of 2. FUSEDKIT_QUANT_UNROLL overrides it (A/B).
 QUANT_UNROLL = int(os.environ.get("FUSEDKIT_QUANT_UNROLL") or "2")
-QUANT_UNROLLS = (2,)
+if QUANT_UNROLL < 1:
+    raise ValueError(f"FUSEDKIT_QUANT_UNROLL must be a positive number of vectors per thread, not {QUANT_UNROLL}")
 
 
-def _unroll_arg(unroll) -> str:
-    return f", {unroll}" if unroll else ""
+def quantize_expr(x_dt, fmt, vec, current) -> str:
+    return f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}, {QUANT_UNROLL}>"
 
 
-def quantize_expr(x_dt, fmt, vec, current, unroll=None) -> str:
-    u = QUANT_UNROLL if unroll is None else unroll
-    return f"fk::fp8_quantize<{CXX[x_dt]}, {FMT_CXX[fmt]}, {vec}, {'true' if current else 'false'}{_unroll_arg(u)}>"
+def amax_expr(x_dt, vec) -> str:
+    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}, {QUANT_UNROLL}>"
 
 
-def amax_expr(x_dt, vec, unroll=None) -> str:
-    return f"fk::fp8_amax<{CXX[x_dt]}, {vec}{_unroll_arg(QUANT_UNROLL if unroll is None else unroll)}>"
-
-
-def quant_blocks(nvec: int, device: int) -> int:
-    """Grid of fp8_quantize / fp8_amax over nvec vectors: resident blocks at most (grid-stride walk), or
-    one chunk of QUANT_UNROLL x THREADS vectors per block (one-pass walk; at least one block, since
-    block 0 also writes scale_inv)."""
-    if QUANT_UNROLL:
-        return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
-    return grid_stride_blocks(nvec, THREADS, device)
+def quant_blocks(nvec: int) -> int:
+    """Grid of fp8_quantize / fp8_amax over nvec vectors: one chunk of QUANT_UNROLL x THREADS vectors per
+    block (at least one block, since block 0 also writes scale_inv)."""
+    return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
 
 
 def _vec(n, x, x_dt, out=0, out_size=1) -> int:
@@ -61,7 +53,7 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
     ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
     vec = _vec(n, x, x_dt, out)
-    grid = quant_blocks(n // vec, device)
+    grid = quant_blocks(n // vec)
     sp = stream_ptr(stream)
     if current:
         launcher(FILE, amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
@@ -74,7 +66,7 @@ def quantize_plan(n, x_dt, fmt, current, device):
     or None, the cast launcher, the grid), for fusedkit/_callcache.py (launch_current with quantize's
     arguments)."""
     vec = _vec(n, 0, x_dt)  # aligned pointers: the widest vector n allows
-    grid = quant_blocks(n // vec, device)
+    grid = quant_blocks(n // vec)
     amax_fn = launcher(FILE, amax_expr(x_dt, vec), "ppq", device) if current else None
     return amax_fn, launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device), grid
 
@@ -120,7 +112,7 @@ def _current_amax(x, amax_in, n, x_dt, sp, device):
     """First pass of current scaling of a plain cast: amax of x into amax_in (zeroed)."""
     avec = _vec(n, x, x_dt)
     launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
-        quant_blocks(n // avec, device), (THREADS, 1), 0, sp, x, amax_in, n)
+        quant_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
 
 
 def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
@@ -240,16 +232,21 @@ DEQUANT_MODES = {"tensor": (0, 0, False), "mxfp8": (1, 32, True), "mxfp8_cols": 
 # Vectors per thread of the flat one-pass dequantize walk (per-tensor scale, 8-byte vectors; 0: the
 # row walk, cuda/fp8_dequantize.cu, which the block-scaled modes keep). Same H100 A/B, 0 -> 2: 0.894 ->
 # 0.955 of copy (32768 x 4096), 0.899 -> 0.968 (16384 x 14336), torch.compile 0.956 / 0.970 in those
-# rounds (4: 0.003 below 2). FUSEDKIT_DEQUANT_UNROLL overrides it (A/B runs); DEQUANT_UNROLLS: the
-# alternatives the compile-all check builds.
+# rounds (4: 0.003 below 2). FUSEDKIT_DEQUANT_UNROLL overrides it (A/B runs; 0 = the row walk).
 DEQUANT_UNROLL = int(os.environ.get("FUSEDKIT_DEQUANT_UNROLL") or "2")
-DEQUANT_UNROLLS = (2,)
 
 
-def dequantize_expr(fmt, out_dt, vec, mode, unroll=0) -> str:
+def dequant_unroll(vec, mode) -> int:
+    """The dequantize walk of a launch: DEQUANT_UNROLL's flat walk for 8-byte vectors under a per-tensor
+    scale, else the row walk (0)."""
+    return DEQUANT_UNROLL if vec == 8 and mode == "tensor" else 0
+
+
+def dequantize_expr(fmt, out_dt, vec, mode) -> str:
     br, bc, e8m0 = DEQUANT_MODES[mode]
+    unroll = dequant_unroll(vec, mode)
     return (f"fk::fp8_dequantize<{FMT_CXX[fmt]}, {CXX[out_dt]}, {vec}, {br}, {bc}, "
-            f"{'true' if e8m0 else 'false'}{_unroll_arg(unroll)}>")
+            f"{'true' if e8m0 else 'false'}{f', {unroll}' if unroll else ''}>")
 
 
 def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device, stream):
@@ -259,14 +256,14 @@ def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device,
     if rows * cols == 0:
         return
     vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
-    unroll = DEQUANT_UNROLL if vec == 8 and mode == "tensor" else 0
+    unroll = dequant_unroll(vec, mode)
     if unroll:
         gx, gy = max(1, -(-(rows * cols // 8) // (THREADS * unroll))), 1
     else:
         cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
         gx = min(-(-cols // (vec * THREADS)), cap)
         gy = max(1, min(rows, 65535, cap // gx))
-    launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode, unroll), "pppqqq", device)(
+    launcher(DEQUANT_FILE, dequantize_expr(fmt, out_dt, vec, mode), "pppqqq", device)(
         (gx, gy), (THREADS, 1), 0, stream_ptr(stream), x, scale, out, rows, cols, scale_cols)
 
 
@@ -274,14 +271,12 @@ def all_expressions():
     exprs = set()
     for x_dt in ("float32", "float16", "bfloat16"):
         for vec in sorted({1, 16 // ITEMSIZE[x_dt]}):
-            for unroll in (0,) + QUANT_UNROLLS:
-                exprs.add(amax_expr(x_dt, vec, unroll))
+            exprs.add(amax_expr(x_dt, vec))
             for act in sorted(set(DACT_ID.values())):
                 exprs.add(dact_values_expr(x_dt, act, vec))
             for fmt in FMT_CXX:
                 for current in (False, True):
-                    for unroll in (0,) + QUANT_UNROLLS:
-                        exprs.add(quantize_expr(x_dt, fmt, vec, current, unroll))
+                    exprs.add(quantize_expr(x_dt, fmt, vec, current))
                     for vt in (1, 8):
                         exprs.add(cast_transpose_expr(x_dt, fmt, vec, vt, current))
         for fmt in FMT_CXX:
@@ -296,7 +291,6 @@ def all_expressions():
                 exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
                 for mx in (False, True):
                     exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
-    dequant = sorted({dequantize_expr(fmt, out_dt, vec, mode, unroll) for fmt in FMT_CXX
-                      for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES
-                      for unroll in (0,) + (DEQUANT_UNROLLS if vec == 8 and mode == "tensor" else ())})
+    dequant = sorted({dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX
+                      for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES})
     return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"], DEQUANT_FILE: dequant}
