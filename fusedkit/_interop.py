@@ -76,6 +76,12 @@ def call_kind(x, others) -> str:
     return kind
 
 
+def plain_scalar(v):
+    """A NumPy scalar (np.float32(30.0): it has a shape and a dtype, but is no array) as the Python number
+    it holds, exactly; anything else unchanged. Scale arguments take floats or 1-element arrays."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
 def check_same_framework(kind: str, named) -> None:
     """Raises TypeError when any (name, array) of a call is not of framework ``kind`` (JAX CPU and GPU
     arrays mix: a traced call may close over concrete CPU constants)."""

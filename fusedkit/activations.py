@@ -45,7 +45,8 @@ def _forward(x, kind, bias=None, out_dtype=None, fp8_fmt=None, fp8_scale=None, f
         if fp8_fmt is None or fp8_scale is None or out_dtype is not None:
             raise ValueError("fusedkit: FP8 output needs both fp8_fmt and fp8_scale, and no out_dtype "
                              "(fp8_amax_out goes with them)")
-        return _forward_fp8(x, kind, bias, fp8_fmt, fp8_scale, kind_call, x_dt, N, fp8_amax_out)
+        return _forward_fp8(x, kind, bias, fp8_fmt, _interop.plain_scalar(fp8_scale), kind_call, x_dt, N,
+                            fp8_amax_out)
     o_dt = x_dt if out_dtype is None else _dtypes.canonical(out_dtype)
     if kind_call in _interop.HOST_KINDS:
         return _interop.run_on_host(lambda x_, b_: _ref.forward(x_, kind, b_, _dtypes.numpy_dtype(o_dt)),

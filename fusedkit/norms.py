@@ -95,6 +95,7 @@ def _norm_forward(x, weight, bias, residual, eps, zero_centered_gamma, out_dtype
     # (layer_norm / rms_norm try the host fast path of _callcache.py first, before calling this)
     kind = _kind_of_call(x, (weight, bias, residual))
     _check_same_framework(kind, (("weight", weight), ("bias", bias), ("residual", residual)))
+    fp8_scale = _interop.plain_scalar(fp8_scale)
     fmt = _fp8_request(fp8_fmt, fp8_scale, out_dtype)
     if fp8_amax_out is not None and fmt is None:
         raise ValueError("fusedkit: fp8_amax_out is the FP8 output's amax: pass it with fp8_fmt and fp8_scale")

@@ -51,6 +51,25 @@ def test_quantize_delayed_matches_reference(backend, dtype, fmt, shape):
     assert F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0]) == amax
 
 
+@pytest.mark.parametrize("backend", backend_params(["numpy", "torch_cpu", "cupy", "torch"]))
+@pytest.mark.parametrize("scale_type", [np.float32, np.float64], ids=["np_float32", "np_float64"])
+def test_numpy_scalar_scales(backend, scale_type):
+    """A NumPy scalar scale (it has a shape and a dtype, but is no array) is the float it holds, in every
+    function that takes a delayed scale: the same bytes as a Python float gives."""
+    rng = rng_for("npscalar", backend, scale_type.__name__)
+    x = to_backend(awkward(rng, (5, 256), "bfloat16", fp8.E4M3.max / 30), backend)
+    scale = F32(rng.uniform(20.0, 40.0))
+    calls = {"quantize": lambda s: fk.quantize(x, fmt="e4m3", scale=s),
+             "cast_transpose": lambda s: fk.cast_transpose(x, fmt="e4m3", scale=s),
+             "gelu": lambda s: fk.gelu(x, fp8_fmt="e4m3", fp8_scale=s),
+             "rms_norm": lambda s: fk.rms_norm(x, fp8_fmt="e4m3", fp8_scale=s),
+             "layer_norm": lambda s: fk.layer_norm(x, fp8_fmt="e4m3", fp8_scale=s)}
+    for name, call in calls.items():
+        got, want = call(scale_type(scale)), call(float(scale))
+        np.testing.assert_array_equal(to_numpy(got.data), to_numpy(want.data), err_msg=name)
+        assert F32(to_numpy(got.scale_inv)) == F32(to_numpy(want.scale_inv)), name
+
+
 @pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_2_scales=True),

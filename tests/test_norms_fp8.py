@@ -159,7 +159,7 @@ def test_fp8_forward(backend, dtype, shape, rms, fmt):
 
 
 OPTIONS = ["no_weight", "weight_only", "x_dtype_weights", "fp32_weights", "zero_centered", "residual",
-           "array_scale", "eps"]
+           "array_scale", "numpy_scalar_scale", "eps"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -186,6 +186,8 @@ def test_fp8_options(backend, option, rms, fmt, shape):
         residual = kw["residual"] = rand(rng, shape, dtype)
     elif option == "array_scale":
         kw["fp8_scale"] = np.array([scale], np.float32)
+    elif option == "numpy_scalar_scale":  # np.float32 has a shape and a dtype but is no array
+        kw["fp8_scale"] = np.float32(scale)
     elif option == "eps":
         eps = 0.5  # large enough to change every value
     kw["eps"] = eps

@@ -124,6 +124,7 @@ def _scale_ptrs(kind, X, scale, ap, who):
     if scale is None:
         keep, scp = _interop.empty(kind, X, (1,), "float32")
         return dict(scale=0, amax_in=ap, scale_out=scp, amax_out=0, keep=keep)
+    scale = _interop.plain_scalar(scale)
     if hasattr(scale, "shape"):
         if _interop.framework(scale) != kind:
             raise TypeError(f"{who}: `scale` must be a {kind} array like the input, or a float")
