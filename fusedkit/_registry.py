@@ -76,6 +76,11 @@ def _fp8_dact_cast_transpose_bytes(M, N, s):  # read dy and x, write row-wise an
     return M * N * (2 * s + 2)
 
 
+def _fp8_block_bytes(block_elems, scale_size):
+    """Block-scaled cast: read x, write the bytes and one scale of scale_size bytes per block."""
+    return lambda M, N, s: M * N * (s + 1) + M * N // block_elems * scale_size
+
+
 OPS.update({
     "fp8_quantize_delayed": Op("fp8_quantize_delayed", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_delayed_bytes,
                                reference.fp8.quantize_delayed),
@@ -89,6 +94,16 @@ OPS.update({
     # dgelu (tanh) fused with the cast-transpose of its result: 6MN for 2-byte dy and x
     "fp8_dact_cast_transpose": Op("fp8_dact_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
                                   _fp8_dact_cast_transpose_bytes, reference.fp8.dact_cast_transpose),
+    # block scaling (fusedkit.quantize with MXFP8Scaling / BlockScaling): MXFP8 one E8M0 byte per 32
+    # elements (along rows, or down columns), 1 x 128 and 128 x 128 one fp32 scale_inv per block
+    "fp8_quantize_mxfp8": Op("fp8_quantize_mxfp8", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_block_bytes(32, 1),
+                             reference.fp8.quantize_mxfp8),
+    "fp8_quantize_mxfp8_cols": Op("fp8_quantize_mxfp8_cols", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                  _fp8_block_bytes(32, 1), reference.fp8.quantize_mxfp8_columnwise),
+    "fp8_quantize_block_1x128": Op("fp8_quantize_block_1x128", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                   _fp8_block_bytes(128, 4), reference.fp8.quantize_blockwise),
+    "fp8_quantize_block_128x128": Op("fp8_quantize_block_128x128", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                     _fp8_block_bytes(128 * 128, 4), reference.fp8.quantize_blockwise),
     # FP8 bytes -> the output dtype (s: its item size): read MN bytes, write MN * s
     "fp8_dequantize": Op("fp8_dequantize", cuda_fp8.DEQUANT_FILE, cuda_fp8.vec_width, _fp8_delayed_bytes,
                          reference.fp8.dequantize),

@@ -30,6 +30,8 @@ FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
 FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose", "fp8_dequantize"]
 NORM_FP8_OPS = ["layer_norm_fp8_fwd", "rms_norm_fp8_fwd"]  # at FP8_SHAPES
 FP8_GRAD_OPS = ["fp8_cast_transpose_dbias", "fp8_dact_cast_transpose"]  # at FP8_SHAPES, bf16 -> e5m2
+FP8_BLOCK_OPS = ["fp8_quantize_mxfp8", "fp8_quantize_mxfp8_cols", "fp8_quantize_block_1x128",
+                 "fp8_quantize_block_128x128"]  # at FP8_SHAPES, bf16 -> e4m3 with per-block scales
 ACT_WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336)]  # (op, M, H)
 CE_WORK = [("cross_entropy_fwdbwd", 16384, 32768), ("cross_entropy_fwdbwd", 8192, 131072),
            ("cross_entropy_fwdbwd", 4096, 262144)]  # (op, M tokens, N vocab)
@@ -336,6 +338,60 @@ def _fp8_grad_impls(torch, op, M, N, dtype):
     return out
 
 
+def block_scale_peer(torch, x, op):
+    """The block-scaled E4M3 casts of a 2-D x written in torch ops, as a user of torch would write them
+    (also the torch.compile peer): per block amax, its power-of-two scale from the exponent torch.frexp
+    gives (exact, as the reference's bit arithmetic), saturate, cast. Returns (bytes, scales) laid out
+    as fusedkit's: MXFP8 E8M0 bytes (M, N / 32) or, column-wise, (M / 32, N); fp32 scale_inv (M, N /
+    128) or (M / 128, N / 128). Equal to the reference for finite x (tests/test_bench_tools.py); blocks
+    holding inf or NaN, which the reference treats by Transformer Engine's rules, are left out. Needs M
+    and N multiples of the block (the benchmark's shapes are)."""
+    M, N = x.shape
+    fmax = 448.0
+    if op in ("fp8_quantize_mxfp8", "fp8_quantize_mxfp8_cols"):
+        # MXFP8: scale 2^-e, e = ceil(log2(amax / fmax)) clamped to [-127, 127] (an all-zero block: -127)
+        b = x.float().view(M, N // 32, 32) if op == "fp8_quantize_mxfp8" else x.float().view(M // 32, 32, N)
+        am = b.abs().amax(-1 if op == "fp8_quantize_mxfp8" else 1)
+        m, ex = torch.frexp(am / fmax)                        # am / fmax = m 2^ex, m in [0.5, 1)
+        e = torch.where(am > 0, torch.where(m == 0.5, ex - 1, ex), -127).clamp(-127, 127)
+        s = torch.ldexp(torch.ones_like(am), -e)
+        s = s[..., None] if op == "fp8_quantize_mxfp8" else s[:, None, :]
+        q = (b * s).clamp(-fmax, fmax).to(torch.float8_e4m3fn).view(M, N)
+        return q, (e + 127).to(torch.uint8)
+    bm = 1 if op == "fp8_quantize_block_1x128" else 128
+    # 1 x 128 / 128 x 128: scale = 2^floor(log2(fmax / amax)), 1 for an all-zero block
+    b = x.float().view(M // bm, bm, N // 128, 128)
+    am = b.abs().amax(dim=(1, 3))
+    _, ex = torch.frexp(fmax / torch.where(am > 0, am, fmax))
+    s = torch.ldexp(torch.ones_like(am), ex - 1)            # 2^floor(log2 v) for v = m 2^ex
+    q = (b * s[:, None, :, None]).clamp(-fmax, fmax).to(torch.float8_e4m3fn).view(M, N)
+    return q, 1.0 / s
+
+
+def _fp8_block_impls(torch, op, M, N, dtype):
+    """Block-scaled E4M3 casts of bf16 x (MXFP8 rows / columns, 1 x 128, 128 x 128): fusedkit.quantize
+    with the recipe against block_scale_peer in torch eager and torch.compile."""
+    import fusedkit as fk
+    from fusedkit import fp8
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 100).to(dtype)
+    kw = {"fp8_quantize_mxfp8": dict(recipe=fp8.MXFP8Scaling()),
+          "fp8_quantize_mxfp8_cols": dict(recipe=fp8.MXFP8Scaling(), columnwise=True),
+          "fp8_quantize_block_1x128": dict(recipe=fp8.BlockScaling()),
+          "fp8_quantize_block_128x128": dict(recipe=fp8.BlockScaling(), weight=True)}[op]
+
+    def peer(x_):
+        return block_scale_peer(torch, x_, op)
+
+    out = {"fusedkit": lambda: fk.quantize(x, fmt="e4m3", **kw), "torch_eager": lambda: peer(x)}
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+        out["torch_compile"] = lambda: compiled(x)
+    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
+        pass
+    return out
+
+
 def norm_fp8_inputs(torch, M, N, dtype):
     """The FP8-output norms' benchmark inputs (x mean-shifted, gamma near 1, beta, E4M3 delayed scale),
     shared by the benchmark and the tools' A/B scripts so their figures compare."""
@@ -530,6 +586,7 @@ def run_gpu(args):
         work += [(M, N, op, _fp8_impls) for (M, N) in FP8_SHAPES for op in FP8_OPS]
         work += [(M, N, op, _norm_fp8_impls) for (M, N) in FP8_SHAPES for op in NORM_FP8_OPS]
         work += [(M, N, op, _fp8_grad_impls) for (M, N) in FP8_SHAPES for op in FP8_GRAD_OPS]
+        work += [(M, N, op, _fp8_block_impls) for (M, N) in FP8_SHAPES for op in FP8_BLOCK_OPS]
         work += [(M, H, op, _act_impls) for (op, M, H) in ACT_WORK]
         work += [(M, N, op, _ce_impls) for (op, M, N) in CE_WORK]
         work += [(M, N, op, _softmax_impls) for (op, M, N) in SOFTMAX_WORK]

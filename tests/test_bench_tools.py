@@ -3,6 +3,7 @@ table that takes each (op, shape) from the newest run that measured it, and the 
 import importlib.util
 import json
 import os
+import zlib
 
 import pytest
 
@@ -196,3 +197,29 @@ def test_gpu_timer_keeps_host_time_out_of_the_events():
     assert bench.GpuTimer(torch).ms(fn, min_time_ms=0.0) == pytest.approx(0.100)
     torch, fn = _fake_device_torch(flush_us=85.0, fn_host_us=120.0, fn_device_us=100.0)
     assert bench.GpuTimer(torch, sync_each=True).ms(fn, min_time_ms=0.0) > 0.130
+
+
+@pytest.mark.parametrize("op", bench.FP8_BLOCK_OPS)
+def test_block_scale_peer_equals_the_reference(op):
+    """The benchmark's torch peer of the block-scaled casts computes what fusedkit does (the reference,
+    byte for byte, scales exactly) on finite inputs, all-zero blocks and power-of-two amaxes included,
+    so its timings compare like with like. Runs on CPU torch."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    import ml_dtypes
+    from fusedkit.reference import fp8 as ref
+    rng = np.random.default_rng(zlib.crc32(op.encode()))
+    x = (rng.standard_normal((256, 384)) * rng.choice([1e-3, 1.0, 100.0], size=(256, 1))).astype(np.float32)
+    x[:128, :128] = 0.0                  # all-zero blocks in every layout
+    x[200, 5] = 448.0 * 4                # amax / 448 a power of two: ceil and floor of log2 at the edge
+    x[5, 300] = 2.0**-9                  # a tiny block value beside the zeros
+    xb = x.astype(ml_dtypes.bfloat16)
+    q, s = bench.block_scale_peer(torch, torch.from_numpy(xb.astype(np.float32)).to(torch.bfloat16), op)
+    if op == "fp8_quantize_mxfp8":
+        want_q, want_s = ref.quantize_mxfp8(xb, "e4m3")
+    elif op == "fp8_quantize_mxfp8_cols":
+        want_q, want_s = ref.quantize_mxfp8_columnwise(xb, "e4m3")
+    else:
+        want_q, want_s = ref.quantize_blockwise(xb, (1, 128) if op.endswith("1x128") else (128, 128), "e4m3")
+    np.testing.assert_array_equal(q.view(torch.uint8).numpy(), np.asarray(want_q).view(np.uint8))
+    np.testing.assert_array_equal(s.numpy(), want_s)

@@ -11,6 +11,10 @@ CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
     "fp8_quantize_current": (16384, 8192),
     "fp8_cast_transpose": (16384, 8192),
     "fp8_dequantize": (16384, 8192),
+    "fp8_quantize_mxfp8": (16384, 8192),
+    "fp8_quantize_mxfp8_cols": (16384, 8192),
+    "fp8_quantize_block_1x128": (16384, 8192),
+    "fp8_quantize_block_128x128": (16384, 8192),
     "fp8_cast_transpose_dbias": (16384, 8192),
     "fp8_dact_cast_transpose": (16384, 8192),
     "gelu_fwd": (16384, 8192),
@@ -20,7 +24,18 @@ CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
 }
 
 
+BLOCK_RECIPES = {  # block-scaled quantize: fusedkit.quantize's keywords
+    "fp8_quantize_mxfp8": lambda: dict(recipe=fusedkit.fp8.MXFP8Scaling()),
+    "fp8_quantize_mxfp8_cols": lambda: dict(recipe=fusedkit.fp8.MXFP8Scaling(), columnwise=True),
+    "fp8_quantize_block_1x128": lambda: dict(recipe=fusedkit.fp8.BlockScaling()),
+    "fp8_quantize_block_128x128": lambda: dict(recipe=fusedkit.fp8.BlockScaling(), weight=True),
+}
+
+
 def _call(op, x, scale):
+    if op in BLOCK_RECIPES:
+        kw = BLOCK_RECIPES[op]()
+        return lambda: fusedkit.quantize(x, fmt="e4m3", **kw)
     if op == "fp8_quantize_delayed":
         return lambda: fusedkit.quantize(x, fmt="e4m3", scale=scale)
     if op == "fp8_quantize_current":
