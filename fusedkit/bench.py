@@ -246,6 +246,18 @@ def _impls(torch, op, M, N, dtype):
     return out
 
 
+def _with_compiled_peer(torch, out, peer, *args):
+    """``out`` with ``out["torch_compile"]``: ``peer(*args)`` under torch.compile (dynamic=False), left out
+    where torch.compile refuses it (a peer that cannot run is left out, never faked; one that fails when
+    first called is reported and dropped by time_rounds)."""
+    try:
+        compiled = torch.compile(peer, dynamic=False)
+    except Exception:  # noqa: BLE001
+        return out
+    out["torch_compile"] = lambda: compiled(*args)
+    return out
+
+
 def _fp8_impls(torch, op, M, N, dtype):
     """FP8 E4M3 casts of bf16 x: fusedkit against torch eager / torch.compile doing the same math
     (fp32 multiply, saturate, cast, amax; the transpose as a contiguous copy); and the way back
@@ -288,12 +300,7 @@ def _fp8_impls(torch, op, M, N, dtype):
             q = (x_.float() * s_).clamp(-fmax, fmax).to(e4m3)
             return q, q.t().contiguous(), x_.abs().amax().float(), 1.0 / s_
     out = {"fusedkit": ours, "torch_eager": lambda: peer(x, scale)}
-    try:
-        compiled = torch.compile(peer, dynamic=False)
-        out["torch_compile"] = lambda: compiled(x, scale)
-    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
-        pass
-    return out
+    return _with_compiled_peer(torch, out, peer, x, scale)
 
 
 def _fp8_grad_impls(torch, op, M, N, dtype):
@@ -330,12 +337,7 @@ def _fp8_grad_impls(torch, op, M, N, dtype):
             d = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * k0 * (1 + 3 * k1 * xf * xf)
             return cast_t(dy_.float() * d, s_)
     out = {"fusedkit": ours, "torch_eager": lambda: peer(dy, x, scale)}
-    try:
-        compiled = torch.compile(peer, dynamic=False)
-        out["torch_compile"] = lambda: compiled(dy, x, scale)
-    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
-        pass
-    return out
+    return _with_compiled_peer(torch, out, peer, dy, x, scale)
 
 
 def block_scale_peer(torch, x, op):
@@ -384,12 +386,7 @@ def _fp8_block_impls(torch, op, M, N, dtype):
         return block_scale_peer(torch, x_, op)
 
     out = {"fusedkit": lambda: fk.quantize(x, fmt="e4m3", **kw), "torch_eager": lambda: peer(x)}
-    try:
-        compiled = torch.compile(peer, dynamic=False)
-        out["torch_compile"] = lambda: compiled(x)
-    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
-        pass
-    return out
+    return _with_compiled_peer(torch, out, peer, x)
 
 
 def norm_fp8_inputs(torch, M, N, dtype):
@@ -423,12 +420,7 @@ def _norm_fp8_impls(torch, op, M, N, dtype):
         y = F.rms_norm(x_, (N,), w_, eps) if rms else F.layer_norm(x_, (N,), w_, b_, eps)
         return (y.float() * s_).clamp(-448.0, 448.0).to(e4m3), y.abs().amax().float(), 1.0 / s_
     out = {"fusedkit": ours, "torch_eager": lambda: peer(x, w, b, scale)}
-    try:
-        compiled = torch.compile(peer, dynamic=False)
-        out["torch_compile"] = lambda: compiled(x, w, b, scale)
-    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
-        pass
-    return out
+    return _with_compiled_peer(torch, out, peer, x, w, b, scale)
 
 
 def _act_impls(torch, op, M, H, dtype):
@@ -456,12 +448,7 @@ def _act_impls(torch, op, M, H, dtype):
             out["liger"] = lambda: LigerSiLUMulFunction.apply(a, b)
         except Exception:  # noqa: BLE001
             pass
-    try:
-        compiled = torch.compile(peer, dynamic=False)
-        out["torch_compile"] = lambda: compiled(x)
-    except Exception:  # noqa: BLE001 - a peer that cannot run is left out, never faked
-        pass
-    return out
+    return _with_compiled_peer(torch, out, peer, x)
 
 
 def _ce_impls(torch, op, M, N, dtype):
