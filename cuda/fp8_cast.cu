@@ -222,11 +222,72 @@ __device__ __forceinline__ int mx_exponent(float am) {
   return max(-127, min(127, e));
 }
 
-template <typename T, typename F, int BLOCK, int VEC, bool MX>
+// The multiplier of one thread's 8 values of a row chunk under block scaling: the amax of its block over
+// the block's LANES = BLOCK / 8 neighbouring lanes (shuffles: every lane of the warp takes part, an idle
+// one with zeros) and the block's power-of-two scale, written by the block's first lane (`lead`) to
+// scale slot `slot` (MXFP8: the E8M0 byte; 1 x 128: the fp32 scale_inv). The flat walk's; the
+// grid-stride walk keeps the same lines inline (written through this helper its SASS moved: 456 -> 464
+// instructions), until the A/B of the two walks retires one of them.
+template <typename F, int BLOCK, bool MX>
+__device__ __forceinline__ float block_scale(const float (&v)[8], void* scales, bool lead, long long slot) {
+  constexpr int LANES = BLOCK / 8;
+  float am = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(v[j]));
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+  float mul;
+  if constexpr (MX) {
+    const int e = mx_exponent<F>(am);
+    mul = exp2_neg(e);
+    if (lead) static_cast<unsigned char*>(scales)[slot] = (unsigned char)(e + 127);
+  } else {
+    float q = (am > 0.f && !isinf(am)) ? __fdiv_rn(F::MAX, am) : 1.f;  // zero or inf block: 1
+    if (isinf(q)) q = 3.402823466e38f;
+    mul = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
+    if (lead) static_cast<float*>(scales)[slot] = __fdiv_rn(1.f, mul);
+  }
+  return mul;
+}
+
+// UNROLL = 0: the walk described at the top (grid-stride over whole warps, any K). UNROLL > 0 (experiment,
+// cuda_fp8.BLOCKS_UNROLL; the host picks it only for VEC = 8 and K % BLOCK == 0, rows made of whole
+// blocks): x is then a flat run of n / 8 vectors in which vector v's block is v / LANES, so no row or
+// column is derived (the walk above divides a 64-bit index per step); one pass as fp8_quantize walks
+// (block b owns UNROLL x blockDim.x consecutive vectors, all loads first), the loop bound uniform per
+// block so that the shuffles always see whole warps.
+template <typename T, typename F, int BLOCK, int VEC, bool MX, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
 fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, void* __restrict__ scales,
                     long long M, int K) {
   constexpr int LANES = BLOCK / 8;  // threads per block of BLOCK elements
+  if constexpr (UNROLL > 0) {
+    static_assert(VEC == 8, "the flat walk loads whole 8-element vectors");
+    const long long nvec = M * K / 8, chunk = (long long)blockDim.x * UNROLL;
+    for (long long base = (long long)blockIdx.x * chunk; base < nvec; base += (long long)gridDim.x * chunk) {
+      float v[UNROLL][8];
+#pragma unroll
+      for (int k = 0; k < UNROLL; ++k) {
+        const long long i = base + (long long)k * blockDim.x + threadIdx.x;
+        if (i < nvec) {
+          const Vec<T, 8> a = load_vec<T, 8>(x + i * 8);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[k][j] = to_float(a.v[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[k][j] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < UNROLL; ++k) {
+        const long long i = base + (long long)k * blockDim.x + threadIdx.x;
+        const float mul = block_scale<F, BLOCK, MX>(v[k], scales, i < nvec && i % LANES == 0, i / LANES);
+        float unused_amax = 0.f;
+        if (i < nvec) store_vec<unsigned char, 8>(out + i * 8, cast_fp8_vec<F, 8>(v[k], mul, unused_amax));
+      }
+    }
+    return;
+  }
   const int lane = threadIdx.x & 31;
   const int blocks_per_row = (K + BLOCK - 1) / BLOCK;
   const long long chunks_per_row = (long long)blocks_per_row * LANES;

@@ -86,3 +86,26 @@ def test_block_128x128_matches_reference(backend, dtype, fmt, shape):
     got = np.asarray(to_numpy(t.scale_inv), np.float32)
     assert got.shape == sinv.shape
     np.testing.assert_array_equal(got.view(np.uint32), sinv.view(np.uint32))
+
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+@pytest.mark.parametrize("unroll", [0, 2, 4], ids=lambda u: f"unroll{u}")
+@pytest.mark.parametrize("mx", [True, False], ids=["mxfp8", "1x128"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 128), (64, 256), (257, 4096), (1000, 384)], ids=str)
+def test_block_walks_match_reference(monkeypatch, backend, unroll, mx, dtype, shape):
+    """Both walks of the row-wise block kernel (cuda_fp8.BLOCKS_UNROLL: 0 the grid-stride one, U > 0 the
+    flat one-pass one, taken for rows of whole blocks) give the reference's bytes and scales; the shapes
+    end in a partial chunk of the flat walk (M x K / 8 not a multiple of 256 x U)."""
+    from fusedkit import _callcache
+    from fusedkit.backends import cuda_fp8
+    skip_unsupported(backend, dtype)
+    monkeypatch.setattr(cuda_fp8, "BLOCKS_UNROLL", unroll)
+    _callcache.clear()
+    rng = rng_for("walks", backend, unroll, mx, dtype, shape)
+    x = _blocky(rng, shape, dtype, fp8.E4M3.max)
+    t = fk.quantize(to_backend(x, backend), fmt="e4m3", recipe=fp8.MXFP8Scaling() if mx else fp8.BlockScaling())
+    data, scales = ref.quantize_mxfp8(x, "e4m3") if mx else ref.quantize_blockwise(x, (1, 128), "e4m3")
+    same_bytes(to_numpy(t.data), data, "e4m3")
+    bits = np.uint8 if mx else np.uint32
+    np.testing.assert_array_equal(np.asarray(to_numpy(t.scale_inv)).view(bits), scales.view(bits))

@@ -1,10 +1,11 @@
 """A/B of the FP8 casts' walks, on the GPU, in one process: fp8_quantize (delayed and current scaling)
-under cuda_fp8.QUANT_UNROLL in QUANT (vectors per thread of the one-pass walk) and fp8_dequantize under
-DEQUANT_UNROLL in DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread), at the benchmark's FP8 shapes
-(bf16 <-> E4M3), beside a device copy (and torch.compile's dequantize). Rounds are interleaved (every
-variant of a shape timed once per round, each keeps its fastest median); the quantize call cache is
-cleared between variants, since its plans hold the launcher and the grid. Prints fractions of copy,
-writes JSON to argv[1].
+under cuda_fp8.QUANT_UNROLL in QUANT (vectors per thread of the one-pass walk), fp8_dequantize under
+DEQUANT_UNROLL in DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread) and the block-scaled
+quantize (MXFP8, 1 x 128) under BLOCKS_UNROLL in BLOCKS (0: the grid-stride walk; U > 0: the flat one),
+at the benchmark's FP8 shapes (bf16 <-> E4M3), beside a device copy (and torch.compile's dequantize).
+Rounds are interleaved (every variant of a shape timed once per round, each keeps its fastest median);
+the quantize call cache is cleared between variants, since its plans hold the launcher and the grid.
+Prints fractions of copy, writes JSON to argv[1].
 
     PYTHONPATH=. python3 tools/ab_unroll.py $OUT/ab_unroll.json [--rounds 3]
 """
@@ -13,15 +14,16 @@ import json
 
 import torch
 
-from fusedkit import _callcache
+from fusedkit import _callcache, _registry
 from fusedkit.backends import cuda_fp8
-from fusedkit.bench import FP8_SHAPES, GpuTimer, _fp8_impls, copy_gbps, run_meta
+from fusedkit.bench import FP8_SHAPES, GpuTimer, _fp8_block_impls, _fp8_impls, copy_gbps, run_meta
 
 QUANT = (2, 4)
-DEQUANT = (2, 4)
+DEQUANT = (0, 2, 4)
+BLOCKS = (0, 2, 4)
 OPS = {"fp8_quantize_delayed": ("QUANT_UNROLL", QUANT), "fp8_quantize_current": ("QUANT_UNROLL", QUANT),
-       "fp8_dequantize": ("DEQUANT_UNROLL", DEQUANT)}
-BYTES = {"fp8_quantize_delayed": 3, "fp8_quantize_current": 5, "fp8_dequantize": 3}  # x MN (bf16 <-> FP8)
+       "fp8_dequantize": ("DEQUANT_UNROLL", DEQUANT),
+       "fp8_quantize_mxfp8": ("BLOCKS_UNROLL", BLOCKS), "fp8_quantize_block_1x128": ("BLOCKS_UNROLL", BLOCKS)}
 
 
 def main():
@@ -34,7 +36,8 @@ def main():
     rows = []
     for M, N in FP8_SHAPES:
         for op, (knob, values) in OPS.items():
-            impls = _fp8_impls(torch, op, M, N, torch.bfloat16)
+            make = _fp8_block_impls if op.startswith("fp8_quantize_block") or "mxfp8" in op else _fp8_impls
+            impls = make(torch, op, M, N, torch.bfloat16)
             # torch.compile only beside dequantize (its compiles cost device time; the quantize ratios
             # to it are in the benchmark)
             ours, compiled = impls["fusedkit"], impls.get("torch_compile") if op == "fp8_dequantize" else None
@@ -50,7 +53,7 @@ def main():
                     times["torch_compile"].append(timer.ms(compiled))
             setattr(cuda_fp8, knob, shipped)
             _callcache.clear()
-            nbytes = BYTES[op] * M * N
+            nbytes = _registry.OPS[op].bytes_moved(M, N, 2)
             for v, ms in times.items():
                 if not ms:
                     continue

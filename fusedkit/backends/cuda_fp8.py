@@ -177,18 +177,29 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
        scale_out, scale_inv, amax_out, dbias_part if with_dbias else 0, dbias_count, dbias, M, N, eps, pow2)
 
 
-def blocks_expr(x_dt, fmt, mx, vec) -> str:
+# Vectors per thread of fp8_quantize_blocks' flat one-pass walk (rows of whole blocks, 8-element vectors;
+# cuda/fp8_cast.cu), 0 = the grid-stride walk over whole warps that serves every shape. An experiment,
+# 0 until a GPU measures it (tools/ab_unroll.py); FUSEDKIT_BLOCKS_UNROLL sets it.
+BLOCKS_UNROLL = int(os.environ.get("FUSEDKIT_BLOCKS_UNROLL") or "0")
+BLOCKS_UNROLLS = (2,)   # the flat walks the compile-all check builds beside the shipped one
+
+
+def blocks_expr(x_dt, fmt, mx, vec, unroll=0) -> str:
     return (f"fk::fp8_quantize_blocks<{CXX[x_dt]}, {FMT_CXX[fmt]}, {32 if mx else 128}, {vec}, "
-            f"{'true' if mx else 'false'}>")
+            f"{'true' if mx else 'false'}{f', {unroll}' if unroll else ''}>")
 
 
 def quantize_blocks(x, out, scales, M, K, x_dt, fmt, mx, device, stream):
     """Block scaling along the last dim (MXFP8 when ``mx``, else 1 x 128): bytes and per-block scales."""
     vec = _eight_or_one(K, x, x_dt, out)
-    lanes = (32 if mx else 128) // 8
-    grid = grid_stride_blocks(M * -(-K // (32 if mx else 128)) * lanes, THREADS, device)
-    launcher(FILE, blocks_expr(x_dt, fmt, mx, vec), "pppqi", device)(grid, (THREADS, 1), 0, stream_ptr(stream),
-                                                                    x, out, scales, M, K)
+    block = 32 if mx else 128
+    unroll = BLOCKS_UNROLL if vec == 8 and K % block == 0 else 0
+    if unroll:
+        grid = max(1, -(-(M * K // 8) // (THREADS * unroll)))
+    else:
+        grid = grid_stride_blocks(M * -(-K // block) * (block // 8), THREADS, device)
+    launcher(FILE, blocks_expr(x_dt, fmt, mx, vec, unroll), "pppqi", device)(
+        grid, (THREADS, 1), 0, stream_ptr(stream), x, out, scales, M, K)
 
 
 def mx_cols_expr(x_dt, fmt, vec) -> str:
@@ -292,7 +303,8 @@ def all_expressions():
             for bvec in (1, 8):
                 exprs.add(blocks_2d_expr(x_dt, fmt, bvec))
                 for mx in (False, True):
-                    exprs.add(blocks_expr(x_dt, fmt, mx, bvec))
-    dequant = sorted({dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX
-                      for out_dt in ("float32", "float16", "bfloat16") for vec in (1, 8) for mode in DEQUANT_MODES})
+                    for unroll in (0,) + (BLOCKS_UNROLLS if bvec == 8 else ()):
+                        exprs.add(blocks_expr(x_dt, fmt, mx, bvec, unroll))
+    dequant = sorted({dequantize_expr(fmt, out_dt, vec, mode) for fmt in FMT_CXX for vec in (1, 8)
+                      for out_dt in ("float32", "float16", "bfloat16") for mode in DEQUANT_MODES})
     return {FILE: sorted(exprs), SCALING_FILE: ["fk::fp8_update_scales"], DEQUANT_FILE: dequant}
