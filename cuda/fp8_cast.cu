@@ -114,7 +114,7 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 // The walk of fp8_amax and fp8_quantize over x's vectors (one pass, as cuda/activations.cu walks): block b
 // owns UNROLL * blockDim.x consecutive vectors, thread t takes vectors t, t + blockDim.x, ... of them and
 // issues all its loads before the first use; the host launches ceil(nvec / (UNROLL * blockDim.x)) blocks
-// (cuda_fp8.quant_blocks; a smaller grid still covers every vector: the chunks stride by the grid).
+// (cuda_fp8.onepass_blocks; a smaller grid still covers every vector: the chunks stride by the grid).
 // It replaced a grid-stride loop over the resident blocks with two loads in flight per thread: on an
 // H100 (tools/ab_unroll.py, 2026-12-06) delayed quantize 0.905 -> 0.957 of copy, current 0.947 -> 0.987
 // (UNROLL = 2; 4 the same within 0.005), as the activations had gained 0.88 -> 0.95 leaving that loop.

@@ -33,10 +33,11 @@ def amax_expr(x_dt, vec) -> str:
     return f"fk::fp8_amax<{CXX[x_dt]}, {vec}, {QUANT_UNROLL}>"
 
 
-def quant_blocks(nvec: int) -> int:
-    """Grid of fp8_quantize / fp8_amax over nvec vectors: one chunk of QUANT_UNROLL x THREADS vectors per
-    block (at least one block, since block 0 also writes scale_inv)."""
-    return max(1, -(-nvec // (THREADS * QUANT_UNROLL)))
+def onepass_blocks(nvec: int, unroll: int = None) -> int:
+    """Grid of a one-pass walk over nvec vectors (fp8_quantize / fp8_amax with QUANT_UNROLL, the flat
+    dequantize and block-scaled walks with theirs): one chunk of unroll x THREADS vectors per block, at
+    least one block (block 0 of fp8_quantize also writes scale_inv)."""
+    return max(1, -(-nvec // (THREADS * (QUANT_UNROLL if unroll is None else unroll))))
 
 
 def _vec(n, x, x_dt, out=0, out_size=1) -> int:
@@ -55,7 +56,7 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     """Delayed (scale = device pointer) or current scaling (amax_in: a zeroed fp32 the amax pass fills).
     ``amax_out`` must be zeroed by the caller (the kernels merge with atomicMax)."""
     vec = _vec(n, x, x_dt, out)
-    grid = quant_blocks(n // vec)
+    grid = onepass_blocks(n // vec)
     sp = stream_ptr(stream)
     if current:
         launcher(FILE, amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
@@ -68,7 +69,7 @@ def quantize_plan(n, x_dt, fmt, current, device):
     or None, the cast launcher, the grid), for fusedkit/_callcache.py (launch_current with quantize's
     arguments)."""
     vec = _vec(n, 0, x_dt)  # aligned pointers: the widest vector n allows
-    grid = quant_blocks(n // vec)
+    grid = onepass_blocks(n // vec)
     amax_fn = launcher(FILE, amax_expr(x_dt, vec), "ppq", device) if current else None
     return amax_fn, launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device), grid
 
@@ -114,7 +115,7 @@ def _current_amax(x, amax_in, n, x_dt, sp, device):
     """First pass of current scaling of a plain cast: amax of x into amax_in (zeroed)."""
     avec = _vec(n, x, x_dt)
     launcher(FILE, amax_expr(x_dt, avec), "ppq", device)(
-        quant_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
+        onepass_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
 
 
 def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
@@ -195,7 +196,7 @@ def quantize_blocks(x, out, scales, M, K, x_dt, fmt, mx, device, stream):
     block = 32 if mx else 128
     unroll = BLOCKS_UNROLL if vec == 8 and K % block == 0 else 0
     if unroll:
-        grid = max(1, -(-(M * K // 8) // (THREADS * unroll)))
+        grid = onepass_blocks(M * K // 8, unroll)
     else:
         grid = grid_stride_blocks(M * -(-K // block) * (block // 8), THREADS, device)
     launcher(FILE, blocks_expr(x_dt, fmt, mx, vec, unroll), "pppqi", device)(
@@ -271,7 +272,7 @@ def dequantize(x, scale, out, rows, cols, scale_cols, fmt, out_dt, mode, device,
     vec = 8 if cols % 8 == 0 and x % 8 == 0 and out % 16 == 0 else 1
     unroll = dequant_unroll(vec, mode)
     if unroll:
-        gx, gy = max(1, -(-(rows * cols // 8) // (THREADS * unroll))), 1
+        gx, gy = onepass_blocks(rows * cols // 8, unroll), 1
     else:
         cap = grid_stride_blocks(rows * -(-cols // vec), THREADS, device)   # resident blocks, at most
         gx = min(-(-cols // (vec * THREADS)), cap)
