@@ -34,7 +34,8 @@
 // Engine's columnwise layout: data in x's (M, N) layout, E8M0 scales (ceil(M / 32), N)); see the kernel.
 // fp8_quantize_blocks_2d<T, F, VEC>: 128 x 128 blocks (DeepSeek weights): one block of 256 threads per
 // tile, 16 threads x 8 elements per tile row, 16 rows per pass, the tile's 64 values per thread kept in
-// registers; amax by shuffles and one shared-memory round; scale = 2^floor(log2(fp8_max / amax)) (1
+// registers as the raw input words (Words8), all eight loads issued before the first use; amax (on the
+// bits for 16-bit input) by shuffles and one shared-memory round; scale = 2^floor(log2(fp8_max / amax)) (1
 // for an all-zero tile), fp32 scale_inv per tile. Bytes 2MK read + MK written.
 // fp8_ct_tile<T, F, ACT, SUMS, VEC>: the fast cast-transpose, also fused with the bias gradient
 // (cast_transpose_dbias) and with an activation's backward (dact_cast_transpose: g = dy * act'(x),
@@ -225,9 +226,7 @@ __device__ __forceinline__ int mx_exponent(float am) {
 // The multiplier of one thread's 8 values of a row chunk under block scaling: the amax of its block over
 // the block's LANES = BLOCK / 8 neighbouring lanes (shuffles: every lane of the warp takes part, an idle
 // one with zeros) and the block's power-of-two scale, written by the block's first lane (`lead`) to
-// scale slot `slot` (MXFP8: the E8M0 byte; 1 x 128: the fp32 scale_inv). The flat walk's; the
-// grid-stride walk keeps the same lines inline (written through this helper its SASS moved: 456 -> 464
-// instructions), until the A/B of the two walks retires one of them.
+// scale slot `slot` (MXFP8: the E8M0 byte; 1 x 128: the fp32 scale_inv). Both walks below use it.
 template <typename F, int BLOCK, bool MX>
 __device__ __forceinline__ float block_scale(const float (&v)[8], void* scales, bool lead, long long slot) {
   constexpr int LANES = BLOCK / 8;
@@ -250,12 +249,13 @@ __device__ __forceinline__ float block_scale(const float (&v)[8], void* scales, 
   return mul;
 }
 
-// UNROLL = 0: the walk described at the top (grid-stride over whole warps, any K). UNROLL > 0 (experiment,
-// cuda_fp8.BLOCKS_UNROLL; the host picks it only for VEC = 8 and K % BLOCK == 0, rows made of whole
+// UNROLL = 0: the walk described at the top (grid-stride over whole warps, any K). UNROLL > 0
+// (cuda_fp8.BLOCKS_UNROLL = 2, the host's pick for VEC = 8 and K % BLOCK == 0, rows made of whole
 // blocks): x is then a flat run of n / 8 vectors in which vector v's block is v / LANES, so no row or
 // column is derived (the walk above divides a 64-bit index per step); one pass as fp8_quantize walks
 // (block b owns UNROLL x blockDim.x consecutive vectors, all loads first), the loop bound uniform per
-// block so that the shuffles always see whole warps.
+// block so that the shuffles always see whole warps. H100 (2026-12-06, tools/ab_unroll.py, 3 rounds):
+// MXFP8 0.75-0.77 -> 0.97-0.99 of copy, 1 x 128 0.89-0.91 -> 0.96-0.99 (UNROLL 4 the same within 0.003).
 template <typename T, typename F, int BLOCK, int VEC, bool MX, int UNROLL = 0>
 __global__ void __launch_bounds__(256)
 fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, void* __restrict__ scales,
@@ -308,24 +308,8 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = (active && col0 + j < K) ? to_float(x[row * K + col0 + j]) : 0.f;
     }
-    float am = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(v[j]));
-#pragma unroll
-    for (int off = LANES / 2; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
-    float mul;
-    if constexpr (MX) {
-      const int e = mx_exponent<F>(am);
-      mul = exp2_neg(e);
-      if (active && (chunk % LANES) == 0)
-        static_cast<unsigned char*>(scales)[row * blocks_per_row + chunk / LANES] = (unsigned char)(e + 127);
-    } else {
-      float q = (am > 0.f && !isinf(am)) ? __fdiv_rn(F::MAX, am) : 1.f;  // zero or inf block: 1
-      if (isinf(q)) q = 3.402823466e38f;
-      mul = __uint_as_float(__float_as_uint(q) & 0x7F800000u);  // power of two <= q
-      if (active && (chunk % LANES) == 0)
-        static_cast<float*>(scales)[row * blocks_per_row + chunk / LANES] = __fdiv_rn(1.f, mul);
-    }
+    const float mul = block_scale<F, BLOCK, MX>(v, scales, active && chunk % LANES == 0,
+                                                row * blocks_per_row + chunk / LANES);
     if (!active || col0 >= K) continue;
     float unused_amax = 0.f;
     const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v, mul, unused_amax);
@@ -337,6 +321,50 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
   }
 }
 
+// Eight consecutive elements of T as raw 32-bit words (two bf16 / fp16 per word, one fp32 per word): the
+// unit the 128 x 128 kernel holds its tile in. Held as fp32 values or as Vec<bf16, 8>, ptxas kept one
+// element per register (64 + 33 = 97 registers, 2 blocks per SM); as words, 32 for a bf16 tile.
+template <typename T>
+struct alignas(16) Words8 {
+  static constexpr int N = 2 * (int)sizeof(T);
+  unsigned w[N];
+  __device__ __forceinline__ float get(int j) const {  // element j as fp32
+    if constexpr (sizeof(T) == 4) return __uint_as_float(w[j]);
+    else return to_float(T{(unsigned short)(w[j / 2] >> (16 * (j & 1)))});
+  }
+  __device__ __forceinline__ void set(int j, T v) {  // element j of a zeroed Words8
+    if constexpr (sizeof(T) == 4) w[j] = __float_as_uint(v);
+    else w[j / 2] |= (unsigned)v.bits << (16 * (j & 1));
+  }
+};
+
+// The largest |element| of one Words8 folded into acc, NaN left out (as fmaxf leaves it). fp32: as
+// floats. 16-bit input on the bits, two at a time: sign cleared, a NaN (bits above the infinity's)
+// zeroed, unsigned 16-bit max (sign-magnitude bits order as the values do); acc then holds two
+// magnitudes' bits, words8_amax_value turns it into the fp32 amax.
+template <typename T>
+__device__ __forceinline__ unsigned words8_amax(unsigned acc, const Words8<T>& a) {
+  if constexpr (sizeof(T) == 4) {
+    float am = __uint_as_float(acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a.get(j)));
+    return __float_as_uint(am);
+  } else {
+    constexpr unsigned INF2 = IsBf16<T>::value ? 0x7F807F80u : 0x7C007C00u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned h = a.w[k] & 0x7FFF7FFFu;
+      acc = __vmaxu2(acc, h & ~__vcmpgtu2(h, INF2));
+    }
+    return acc;
+  }
+}
+template <typename T>
+__device__ __forceinline__ float words8_amax_value(unsigned acc) {
+  if constexpr (sizeof(T) == 4) return __uint_as_float(acc);
+  else return fmaxf(to_float(T{(unsigned short)(acc & 0xFFFFu)}), to_float(T{(unsigned short)(acc >> 16)}));
+}
+
 template <typename T, typename F, int VEC>
 __global__ void __launch_bounds__(256)
 fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out, float* __restrict__ scale_inv,
@@ -345,22 +373,24 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
   const int tc = (threadIdx.x & 15) * 8, tr = threadIdx.x >> 4;
   const long long r0 = (long long)blockIdx.y * 128;
   const int c = blockIdx.x * 128 + tc;
-  float v[PASSES][8];
-  float am = 0.f;
+  Words8<T> a[PASSES];
+  // all loads first: a row past M (or a chunk past K) is zeros, with no branch around the loads
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
     const long long r = r0 + tr + 16 * p;
-    if (VEC == 8 && r < M && c < K) {  // K % 8 == 0: the 8 elements are all in the row
-      const Vec<T, 8> a = load_vec<T, 8>(x + r * K + c);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[p][j] = to_float(a.v[j]);
+    if constexpr (VEC == 8) {  // K % 8 == 0: the 8 elements are all in the row or all past it
+      a[p] = (r < M && c < K) ? *reinterpret_cast<const Words8<T>*>(x + r * K + c) : Words8<T>{};
     } else {
+      a[p] = Words8<T>{};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[p][j] = (r < M && c + j < K) ? to_float(x[r * K + c + j]) : 0.f;
+      for (int j = 0; j < 8; ++j)
+        if (r < M && c + j < K) a[p].set(j, x[r * K + c + j]);
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(v[p][j]));
   }
+  unsigned acc = 0;
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) acc = words8_amax(acc, a[p]);
+  float am = words8_amax_value<T>(acc);
   __shared__ float part[8];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
@@ -378,7 +408,10 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
   for (int p = 0; p < PASSES; ++p) {
     const long long r = r0 + tr + 16 * p;
     if (r >= M || c >= K) continue;
-    const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v[p], scale, unused_amax);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = a[p].get(j);
+    const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v, scale, unused_amax);
     if (VEC == 8) {
       store_vec<unsigned char, 8>(out + r * K + c, q8);
     } else {

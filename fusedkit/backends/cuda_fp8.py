@@ -179,9 +179,10 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
 
 
 # Vectors per thread of fp8_quantize_blocks' flat one-pass walk (rows of whole blocks, 8-element vectors;
-# cuda/fp8_cast.cu), 0 = the grid-stride walk over whole warps that serves every shape. An experiment,
-# 0 until a GPU measures it (tools/ab_unroll.py); FUSEDKIT_BLOCKS_UNROLL sets it.
-BLOCKS_UNROLL = int(os.environ.get("FUSEDKIT_BLOCKS_UNROLL") or "0")
+# cuda/fp8_cast.cu), 0 = the grid-stride walk over whole warps that serves every other shape. 2 since the
+# H100 A/B of 2026-12-06 (tools/ab_unroll.py): MXFP8 0.77 -> 0.99 of copy, 1 x 128 0.91 -> 0.99 at
+# 16384 x 14336; FUSEDKIT_BLOCKS_UNROLL sets it (0 forces the grid-stride walk everywhere).
+BLOCKS_UNROLL = int(os.environ.get("FUSEDKIT_BLOCKS_UNROLL") or "2")
 BLOCKS_UNROLLS = (2,)   # the flat walks the compile-all check builds beside the shipped one
 
 
