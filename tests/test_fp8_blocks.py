@@ -118,7 +118,8 @@ def test_block_128x128_special_tiles(backend, dtype, fmt):
     same_bytes(to_numpy(t.data), data, fmt)
     got = np.asarray(to_numpy(t.scale_inv), np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), sinv.view(np.uint32))
-    assert len(set(got.reshape(-1).tolist())) > 3  # the tiles did get different scales
+    # the tiles did get different scales (fp16 with E5M2: the 2x and 5x max tiles are inf, so only 3)
+    assert len(set(got.reshape(-1).tolist())) >= 3
 
 
 @pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
