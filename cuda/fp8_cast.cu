@@ -39,7 +39,10 @@
 // for an all-zero tile), fp32 scale_inv per tile. Bytes 2MK read + MK written.
 // fp8_ct_tile<T, F, ACT, SUMS, VEC>: the fast cast-transpose, also fused with the bias gradient
 // (cast_transpose_dbias) and with an activation's backward (dact_cast_transpose: g = dy * act'(x),
-// ACT from common/act.cuh; ACT = -1 casts x itself). The 64 x 64 kernel above moved every byte through
+// ACT from common/act.cuh; ACT = -1 casts x itself; ACT = kGated + inner: a gated activation's backward,
+// g = [dy * b * act'(a) | dy * act(a)] for x = [a | b] of N = 2H columns and dy of H, each thread's 8
+// columns in one half, b loaded for the first half only: Transformer Engine's dswiglu / dgeglu
+// cast-transpose). The 64 x 64 kernel above moved every byte through
 // shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
 // loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
@@ -590,6 +593,18 @@ __device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncol
   return r;
 }
 
+// ACT >= kGated: the gated activation of inner ACT - kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
+// x = [a | b] (halves of the last dim): y = act(a) * b, so dx = [dy * b * act'(a) | dy * act(a)].
+constexpr int kGated = 16;
+
+// One element of a gated activation's gradient: (dy * b) * act'(a) in the first half, dy * act(a) in
+// the second (fp32, the reference's order of operations).
+template <int ACT>
+__device__ __forceinline__ float gated_value(bool first, float a, float b, float d) {
+  constexpr int INNER = ACT - kGated;
+  return first ? (d * b) * dact_f<INNER>(a) : d * act_f<INNER>(a);
+}
+
 // The value that is cast: x itself (ACT = kNoAct) or the activation gradient dy * act'(x).
 template <int ACT>
 __device__ __forceinline__ float ct_value(float xv, float d) {
@@ -694,7 +709,8 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #endif
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
-__global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4) : 2)
+__global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4)
+                                                : (ACT >= kGated && sizeof(T) == 4) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
             const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
@@ -713,7 +729,15 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   const int ncols = min(8, N - c0);  // <= 0: no columns here (the thread still joins the reductions)
   const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
   const long long m_tiles = (M + kFtTile - 1) / kFtTile;
-  constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : ACT == GELU_ERF ? 4 : 8;  // rows per load batch
+  constexpr bool GATED = ACT >= kGated;
+  // rows per load batch (the gated kinds: three loads per row in the first half; at 4 rows SwiGLU
+  // spilled under the cap of 2 blocks per SM, and fp32 input at 1 row: that one gets 1 block per SM)
+  constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : ACT == kGated + SILU ? 2
+                   : (GATED || ACT == GELU_ERF) ? 4 : 8;
+  // gated: the thread's 8 columns lie in one half (the host asks H % 8 == 0); a, b and dy column gc
+  const int H = N >> 1;
+  const bool first = !GATED || c0 < H;
+  const int gc = first ? c0 : c0 - H;
   float am = 0.f;
   float csum[8];
 #pragma unroll
@@ -726,13 +750,21 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     unsigned lo[8], hi[8];  // the sub-tile's FP8 rows: columns 0-3 (lo) and 4-7 (hi)
 #pragma unroll
     for (int b = 0; b < 8; b += RB) {  // RB rows of loads issued before any of them is used
-      Raw8<T> a[RB], d[RB];
+      Raw8<T> a[RB], d[RB], e[GATED ? RB : 1];  // e: the gated activation's b (first half only)
 #pragma unroll
       for (int k = 0; k < RB; ++k) {
         const bool row_ok = b + k < nrows;
         const long long off = row_ok ? (long long)(b + k) * N : 0;  // rows past M read row r0 (in bounds)
-        a[k] = ct_load_row<T, VEC>(x + base + off, row_ok, ncols);
-        if constexpr (ACT >= 0) d[k] = ct_load_row<T, VEC>(dy + base + off, row_ok, ncols);
+        if constexpr (GATED) {  // x rows of N = 2H, dy rows of H
+          const long long row = r0 + (row_ok ? b + k : 0);
+          a[k] = ct_load_row<T, VEC>(x + row * N + gc, row_ok, ncols);
+          d[k] = ct_load_row<T, VEC>(dy + row * H + gc, row_ok, ncols);
+          if (first) e[k] = ct_load_row<T, VEC>(x + row * N + H + gc, row_ok, ncols);
+          else e[k] = Raw8<T>{};
+        } else {
+          a[k] = ct_load_row<T, VEC>(x + base + off, row_ok, ncols);
+          if constexpr (ACT >= 0) d[k] = ct_load_row<T, VEC>(dy + base + off, row_ok, ncols);
+        }
       }
 #pragma unroll
       for (int k = 0; k < RB; ++k) {
@@ -740,7 +772,10 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
         float g[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          g[j] = ct_value<ACT>(raw_elem<T>(a[k], j), ACT >= 0 ? raw_elem<T>(d[k], j) : 0.f);
+          if constexpr (GATED)
+            g[j] = gated_value<ACT>(first, raw_elem<T>(a[k], j), raw_elem<T>(e[k], j), raw_elem<T>(d[k], j));
+          else
+            g[j] = ct_value<ACT>(raw_elem<T>(a[k], j), ACT >= 0 ? raw_elem<T>(d[k], j) : 0.f);
           if constexpr (SUMS) csum[j] += g[j];  // (a run-time branch here would clone the loop)
         }
         const uint2 u = cast_fp8_x8<F>(g, scale, am);
@@ -807,6 +842,39 @@ fp8_dact_values(const T* __restrict__ x, const T* __restrict__ dy, float* __rest
       const float g = ct_value<ACT>(to_float(a.v[j]), to_float(d.v[j]));
       m = fmaxf(m, fabsf(g));
       if (g_out != nullptr) g_out[v * VEC + j] = g;
+    }
+  }
+  if (amax_out != nullptr) block_amax_merge(m, amax_out);
+}
+
+// The gated activations' g (ACT >= kGated) for x of M x 2H and dy of M x H: both output halves of one
+// input vector per step ((dy * b) * act'(a) at column c, dy * act(a) at column H + c, as gated_value),
+// the amax of both merged into amax_out and / or g (M x 2H, fp32) written to g_out, as fp8_dact_values
+// does for the plain activations (current scaling's first pass; the fallback where H % 8 != 0 or a
+// pointer is misaligned). VEC divides H. Grid-stride over the M x H / VEC input vectors.
+template <typename T, int ACT, int VEC>
+__global__ void __launch_bounds__(256)
+fp8_dgated_values(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ amax_out,
+                  float* __restrict__ g_out, long long M, int H) {
+  const long long nvec = M * H / VEC, stride = (long long)gridDim.x * blockDim.x;
+  float m = 0.f;
+  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    const long long r = v * VEC / H;
+    const int c = (int)(v * VEC - r * H);
+    const long long xa = r * 2 * H + c;  // a at xa, b at xa + H; g's first half at xa, second at xa + H
+    const Vec<T, VEC> a = load_vec<T, VEC>(x + xa);
+    const Vec<T, VEC> bg = load_vec<T, VEC>(x + xa + H);
+    const Vec<T, VEC> d = load_vec<T, VEC>(dy + v * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float av = to_float(a.v[j]), dv = to_float(d.v[j]);
+      const float g1 = gated_value<ACT>(true, av, to_float(bg.v[j]), dv);
+      const float g2 = gated_value<ACT>(false, av, 0.f, dv);
+      m = fmaxf(m, fmaxf(fabsf(g1), fabsf(g2)));
+      if (g_out != nullptr) {
+        g_out[xa + j] = g1;
+        g_out[xa + H + j] = g2;
+      }
     }
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);

@@ -24,7 +24,7 @@ from test_fp8_cast_transpose import check_dbias
 from test_fp8_quantize import F32, rng_for
 
 ACTIVATIONS = ["gelu", "gelu_erf", "silu", "relu", "squared_relu"]
-EXACT = ("relu", "squared_relu")
+EXACT = ("relu", "squared_relu", "reglu")
 SHAPES = [(0, 16), (0, 13), (5, 13), (3, 5, 40), (33, 100), (67, 256), (130, 72), (136, 264)]
 
 
@@ -58,8 +58,8 @@ def check(t, dy, x, activation, fmt, scale, current=None, db=None):
                                                                     current.power_of_2_scales)
     s = F32(1.0) / sinv
     check_bytes(t.data, data, fmt, s, exact, "data")
-    n = dy.shape[-1]
-    assert tuple(t.data_t.shape) == (n, dy.size // n)
+    n = x.shape[-1]  # x's shape is g's (gated kinds: twice dy's last dim)
+    assert tuple(t.data_t.shape) == (n, x.size // n)
     check_bytes(t.data_t, data_t, fmt, s, exact, "data_t")
     got_sinv = F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0])
     got_amax = F32(np.asarray(to_numpy(t.amax)).reshape(-1)[0])

@@ -201,18 +201,21 @@ def test_norm_fp8_output(dev, rms, variant, shape):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
-@pytest.mark.parametrize("op", ["cast_transpose_dbias", "dact_gelu_dbias", "dact_silu"])
+@pytest.mark.parametrize("op", ["cast_transpose_dbias", "dact_gelu_dbias", "dact_silu", "dact_swiglu_dbias",
+                                "dact_reglu"])
 @pytest.mark.parametrize("scaling", ["delayed", "current"])
 @pytest.mark.parametrize("shape", [(3, 40, 136), (130, 13)], ids=str)
 def test_fused_casts(dev, op, scaling, shape):
     """cast_transpose_dbias / dact_cast_transpose on JAX: bytes (row-wise and transposed), scale_inv,
     amax and dbias equal the reference's, traced (every device) and eagerly on a GPU ((130, 13): rows
-    the 16-byte loads can't take, g through the fp32 scratch)."""
+    the 16-byte loads can't take, g through the fp32 scratch; the gated kinds: x of twice dy's width)."""
     rng = rng_for("ct", op, scaling, shape)
+    act = {"dact_gelu_dbias": "gelu", "dact_silu": "silu", "dact_swiglu_dbias": "swiglu",
+           "dact_reglu": "reglu"}.get(op)
+    x_shape = shape[:-1] + (2 * shape[-1],) if act in ("swiglu", "reglu") else shape
     dy = (rng.standard_normal(shape) * 2.0).astype(fk_np_dtype("bfloat16"))
-    x = (rng.standard_normal(shape) * 1.5).astype(fk_np_dtype("bfloat16"))
+    x = (rng.standard_normal(x_shape) * 1.5).astype(fk_np_dtype("bfloat16"))
     scale = np.float32(rng.uniform(20.0, 60.0)) if scaling == "delayed" else None
-    act = {"dact_gelu_dbias": "gelu", "dact_silu": "silu"}.get(op)
     d = device(dev)
     DY, X = (jax.device_put(jnp.asarray(a), d) for a in (dy, x))
     if act is None:
@@ -228,7 +231,7 @@ def test_fused_casts(dev, op, scaling, shape):
     data, data_t, sinv, amax, db = want
     # the GPU's act'(x) takes fast exponentials: g (so bytes, by one code at most, and the current scale's
     # amax, by a few ulps) as test_fp8_dact.check allows; the CPU callback is the reference itself
-    exact = dev == "cpu" or act is None
+    exact = dev == "cpu" or act in (None, "reglu")
     for r in [jax.jit(run)(DY, X)] + ([run(DY, X)] if dev == "gpu" else []):
         t, got_db = r if isinstance(r, tuple) else (r, None)
         check_bytes(t.data, data, "e5m2", np.float32(1) / sinv, exact, "data")
@@ -241,7 +244,7 @@ def test_fused_casts(dev, op, scaling, shape):
             assert to_numpy(t.amax).reshape(()) == np.float32(amax)
         else:
             np.testing.assert_allclose(to_numpy(t.amax).reshape(()), amax, rtol=4e-6)
-        if op == "dact_silu":
+        if not op.endswith("dbias"):
             assert got_db is None
         else:
             assert str(got_db.dtype) == "bfloat16"

@@ -84,8 +84,17 @@ FT_TILE = 128  # kFtTile: the fast kernel's block tile (fp8_ct_tile)
 DBIAS_TILES = 4  # row tiles per block when fp8_ct_tile reduces dbias (partials: M / 512 rows)
 GRID_Y_MAX = 65535
 # activation name -> ACT of cuda/common/act.cuh (cuda_activations.ACT_ID); "gelu" is the tanh form, as
-# Transformer Engine's dgelu
-DACT_ID = {"gelu": ACT_ID["gelu_tanh"], **ACT_ID}
+# Transformer Engine's dgelu. Gated kinds: GATED + the inner activation's ACT (kGated in fp8_cast.cu);
+# "geglu" is GeGLU with the tanh GeLU, as Transformer Engine's dgeglu.
+GATED = 16
+DACT_ID = {"gelu": ACT_ID["gelu_tanh"], **ACT_ID,
+           "swiglu": GATED + ACT_ID["silu"], "geglu": GATED + ACT_ID["gelu_tanh"],
+           "geglu_tanh": GATED + ACT_ID["gelu_tanh"], "geglu_erf": GATED + ACT_ID["gelu_erf"],
+           "reglu": GATED + ACT_ID["relu"]}
+
+
+def is_gated(act) -> bool:
+    return act >= GATED
 
 
 def ct_tile_expr(x_dt, fmt, act, sums, vec) -> str:
@@ -93,13 +102,15 @@ def ct_tile_expr(x_dt, fmt, act, sums, vec) -> str:
 
 
 def dact_values_expr(x_dt, act, vec) -> str:
-    return f"fk::fp8_dact_values<{CXX[x_dt]}, {act}, {vec}>"
+    kernel = "fp8_dgated_values" if is_gated(act) else "fp8_dact_values"
+    return f"fk::{kernel}<{CXX[x_dt]}, {act}, {vec}>"
 
 
-def ct_fast_vec(N, ins, outs) -> int:
-    """fp8_ct_tile's load width: 8 (16-byte row loads) when N % 8 == 0, every input pointer is 16-byte
-    aligned and every FP8 output 8-byte aligned; else 1 (scalar loads)."""
-    ok = N % 8 == 0 and all(p % 16 == 0 for p in ins if p) and all(p % 8 == 0 for p in outs if p)
+def ct_fast_vec(N, ins, outs, gated=False) -> int:
+    """fp8_ct_tile's load width: 8 (16-byte row loads) when N % 8 == 0 (gated: each half, N / 2), every
+    input pointer is 16-byte aligned and every FP8 output 8-byte aligned; else 1 (scalar loads)."""
+    ok = ((N // 2 if gated else N) % 8 == 0 and all(p % 16 == 0 for p in ins if p)
+          and all(p % 8 == 0 for p in outs if p))
     return 8 if ok else 1
 
 
@@ -118,14 +129,21 @@ def _current_amax(x, amax_in, n, x_dt, sp, device):
         onepass_blocks(n // avec), (THREADS, 1), 0, sp, x, amax_in, n)
 
 
-def _dact_values(x, dy, amax, g, n, x_dt, act, sp, device):
-    """g = dy * act'(x): its amax into ``amax`` (zeroed) and / or g in fp32 into ``g`` (0 = not
-    wanted)."""
+def _dact_values(x, dy, amax, g, M, N, x_dt, act, sp, device):
+    """g = dy * act'(x) (M x N; gated: x M x N, dy M x N / 2, g = [dy * b * act'(a) | dy * act(a)]): its
+    amax into ``amax`` (zeroed) and / or g in fp32 into ``g`` (0 = not wanted)."""
     s = ITEMSIZE[x_dt]
     full = 16 // s  # the registered widths: 16-byte vectors or scalars
-    avec = full if vec_width(n, s, align_elems(((x, s), (dy, s), (g, 4)))) == full else 1
-    launcher(FILE, dact_values_expr(x_dt, act, avec), "ppppq", device)(
-        grid_stride_blocks(n // avec, THREADS, device), (THREADS, 1), 0, sp, x, dy, amax, g, n)
+    n = M * N // 2 if is_gated(act) else M * N  # elements of dy: one per step and lane
+    row = N // 2 if is_gated(act) else n  # a gated vector stays inside a half row
+    avec = full if vec_width(row, s, align_elems(((x, s), (dy, s), (g, 4)))) == full else 1
+    grid = grid_stride_blocks(n // avec, THREADS, device)
+    if is_gated(act):
+        launcher(FILE, dact_values_expr(x_dt, act, avec), "ppppqi", device)(
+            grid, (THREADS, 1), 0, sp, x, dy, amax, g, M, N // 2)
+    else:
+        launcher(FILE, dact_values_expr(x_dt, act, avec), "ppppq", device)(grid, (THREADS, 1), 0, sp, x, dy, amax,
+                                                                           g, n)
 
 
 def cast_transpose(x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, M, N, x_dt, fmt, current,
@@ -155,14 +173,15 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
     ct_grid(...)[0] zeroed uint32 ticket counters (left zeroed), ``dbias`` N values in x's dtype.
     Current scaling: amax_in (zeroed) gets the amax first. out_t must be 8-byte aligned (a fresh
     allocation). For act >= 0 where ct_fast_vec is 1, ``g`` must be an M x N fp32 scratch: g is written
-    there first and cast by the fp32 kernel, whose dbias is fp32 (``dbias`` then an fp32 buffer)."""
+    there first and cast by the fp32 kernel, whose dbias is fp32 (``dbias`` then an fp32 buffer).
+    Gated kinds (is_gated(act)): M x N is the output and x's shape, dy is M x N / 2."""
     sp = stream_ptr(stream)
     with_dbias = bool(dbias_count)  # never null when dbias is asked for (part / dbias are when N = 0)
-    vec = ct_fast_vec(N, (x, dy), (out, out_t))
+    vec = ct_fast_vec(N, (x, dy), (out, out_t), act >= 0 and is_gated(act))
     if act >= 0 and vec == 1:
         if not g and M * N:
             raise ValueError("fusedkit: this dact_cast_transpose needs an fp32 scratch for g (internal error)")
-        _dact_values(x, dy, amax_in if current else 0, g, M * N, x_dt, act, sp, device)
+        _dact_values(x, dy, amax_in if current else 0, g, M, N, x_dt, act, sp, device)
         x, dy, x_dt, act = g, 0, "float32", -1
         vec = ct_fast_vec(N, (g,), (out, out_t))  # 8 when only the caller's views were misaligned
         sums = True
@@ -171,7 +190,7 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
             if act < 0:
                 _current_amax(x, amax_in, M * N, x_dt, sp, device)
             else:
-                _dact_values(x, dy, amax_in, 0, M * N, x_dt, act, sp, device)
+                _dact_values(x, dy, amax_in, 0, M, N, x_dt, act, sp, device)
         sums = with_dbias or act >= 0
     fn = launcher(FILE, ct_tile_expr(x_dt, fmt, act, sums, vec), "ppppppppppppqifi", device)
     fn(ct_grid(M, N, with_dbias), (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,

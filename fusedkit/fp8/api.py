@@ -15,9 +15,12 @@ callbacks (every quantize mode, the fused casts, dequantize).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _callcache, _dtypes, _interop
+from ..reference import activations as _ref_act
 from ..reference import fp8 as _ref
 from . import _amax
 from .formats import as_format
@@ -158,6 +161,10 @@ def dact_cast_transpose(dy, x, *, activation="gelu", fmt="e5m2", scale=None, rec
 
     ``activation``: ``"gelu"`` (= ``"gelu_tanh"``, TE's GeLU), ``"gelu_erf"``, ``"silu"``, ``"relu"``,
     ``"squared_relu"``; ``x`` is the activation's input (bias already added), of dy's shape and dtype.
+    Gated: ``"swiglu"``, ``"geglu"`` (= ``"geglu_tanh"``, TE's GeGLU), ``"geglu_erf"``, ``"reglu"``
+    (TE's dswiglu / dgeglu / dreglu cast-transposes): ``x = [a | b]`` along its last dim (2H), ``y =
+    act(a) * b``, dy of shape (..., H); ``g = [dy * b * act'(a) | dy * act(a)]`` has x's shape, and
+    ``data_t`` is (2H, M).
     Returns the FP8Tensor of g (``.amax`` is the amax of g), or ``(t, dbias)`` with ``dbias=True``
     (column sums of g over the rows of the 2-D view, fp32, returned in dy's dtype). ``scale`` /
     ``recipe`` as in :func:`quantize`: delayed scaling with ``scale``, else current scaling (which
@@ -183,7 +190,13 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
         raise TypeError(f"{who}: dy must be float32, float16 or bfloat16, got {d_dt}")
     if len(dy.shape) == 0:
         raise ValueError(f"{who}: dy needs at least one dimension (it is viewed as 2-D: rows x last dim)")
-    if x is not None and (tuple(x.shape) != tuple(dy.shape) or _dtypes.canonical(x.dtype) != d_dt):
+    gated = activation is not None and _ref.DACT_KINDS[activation] in _ref_act.GATED
+    if gated:
+        want = tuple(dy.shape[:-1]) + (2 * dy.shape[-1],)
+        if tuple(x.shape) != want or _dtypes.canonical(x.dtype) != d_dt:
+            raise ValueError(f"{who}: {activation} takes x = [a | b] with twice dy's last dim: x must be {want} "
+                             f"{d_dt} for dy {tuple(dy.shape)}, got {tuple(x.shape)} {_dtypes.canonical(x.dtype)}")
+    elif x is not None and (tuple(x.shape) != tuple(dy.shape) or _dtypes.canonical(x.dtype) != d_dt):
         raise ValueError(f"{who}: x must have dy's shape and dtype ({tuple(dy.shape)} {d_dt}), got "
                          f"{tuple(x.shape)} {_dtypes.canonical(x.dtype)}")
     if kind in _HOST:
@@ -206,9 +219,10 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
     D = _interop.view(dy, kind, "dy")
     X = _interop.view(x, kind, "x") if x is not None else None
     _interop.same_device([D] + ([X] if X else []))
-    N = D.shape[-1]
-    M = D.size // N if N else 0
-    data, dp = _interop.empty(kind, D, D.shape, "uint8")
+    out_shape = X.shape if gated else D.shape  # the cast values: x's shape for the gated kinds
+    N = out_shape[-1]
+    M = math.prod(out_shape[:-1]) if N else 0
+    data, dp = _interop.empty(kind, D, out_shape, "uint8")
     data_t, dtp = _interop.empty(kind, D, (N, M), "uint8")
     sinv, sp = _interop.empty(kind, D, (1,), "float32")
     gx, gy = cuda_fp8.ct_grid(M, N, want_dbias)
@@ -220,7 +234,7 @@ def _cast_transpose_fused(dy, x, activation, fmt, scale, recipe, want_dbias, who
     ptrs = _scale_ptrs(kind, D, scale, ap, who)
     # dact on rows the 16-byte loads can't take: g goes through an fp32 scratch (cast by the fp32 kernel,
     # whose dbias is fp32: rounded to dy's dtype here)
-    g_path = X is not None and cuda_fp8.ct_fast_vec(N, (X.ptr, D.ptr), (dp, dtp)) == 1
+    g_path = X is not None and cuda_fp8.ct_fast_vec(N, (X.ptr, D.ptr), (dp, dtp), gated) == 1
     db_dt = "float32" if g_path else d_dt
     # scratch (part, g) is released on return, after the launches are queued: the caching allocators
     # order its reuse after them on this stream
@@ -252,7 +266,8 @@ def _cast_transpose_fused_jax(dy, x, activation, f, scale, rec, want_dbias, who,
     if amax_out is not None:
         _amax.check(amax_out, _interop.JAX, who)  # raises: JAX arrays are immutable
     s = None if scale is None else _fp8.scale_array(scale, who, "scale")
-    key = (tuple(dy.shape), d_dt, f.name, activation, cuda_fp8.DACT_ID[activation] if x is not None else -1,
+    key = (tuple((dy if x is None else x).shape), d_dt, f.name, activation,
+           cuda_fp8.DACT_ID[activation] if x is not None else -1,
            scale is None, float(rec.amax_epsilon), bool(rec.power_of_2_scales), bool(want_dbias))
     data, data_t, sinv, amax, db = _fp8.cast_transpose_fused(dy, x, s, key)
     return FP8Tensor(data, sinv, f, amax, data_t=data_t), db

@@ -301,10 +301,12 @@ def cast_transpose_fused(dy, x, scale, key):
 
 
 def _ct_fused_dims(key):
-    shape, d_dt, fmt, activation, act_id, current, eps, pow2, want_dbias = key
+    from ..backends import cuda_fp8
+    shape, d_dt, fmt, activation, act_id, current, eps, pow2, want_dbias = key  # shape: x's (the output's)
     N = shape[-1]
     M = math.prod(shape[:-1]) if N else 0
-    g_scratch = activation is not None and N % 8 != 0
+    gated = activation is not None and cuda_fp8.is_gated(act_id)
+    g_scratch = activation is not None and (N // 2 if gated else N) % 8 != 0
     return M, N, g_scratch
 
 
@@ -368,7 +370,8 @@ def _ct_fused_callbacks(key):
         else:
             sptr, amax_in, scale_out, amax_out = _ptr(scale), 0, 0, bp
         if (x is not None and not g_scratch
-                and cuda_fp8.ct_fast_vec(N, (_ptr(x), _ptr(dy)), (_ptr(data_o), _ptr(data_t_o))) == 1):
+                and cuda_fp8.ct_fast_vec(N, (_ptr(x), _ptr(dy)), (_ptr(data_o), _ptr(data_t_o)),
+                                         cuda_fp8.is_gated(act_id)) == 1):
             raise RuntimeError("fusedkit: dact_cast_transpose on JAX: XLA handed buffers the 16-byte loads "
                                "cannot take and no fp32 scratch was staged (internal error)")
         with cupy.cuda.Device(dev):

@@ -161,21 +161,30 @@ def blockwise_dequantize(data, scale_inv, block=(1, 128), fmt="e4m3", dtype=np.f
 # Fused cast-transposes of gradients (Transformer Engine's cast_transpose_dbias and dgelu-cast-transpose)
 
 DACT_KINDS = {"gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu_erf": "gelu_erf", "silu": "silu",
-              "relu": "relu", "squared_relu": "squared_relu"}
+              "relu": "relu", "squared_relu": "squared_relu",
+              # gated (x = [a | b], y = act(a) * b; dy has half x's last dim); "geglu" is the tanh form
+              "swiglu": "swiglu", "geglu": "geglu_tanh", "geglu_tanh": "geglu_tanh", "geglu_erf": "geglu_erf",
+              "reglu": "reglu"}
 
 
 def dact_values(dy, x, activation="gelu"):
     """g = dy * act'(x) in fp32 (inputs rounded to their storage dtype first): the values
     ``dact_cast_transpose`` casts, act' from fusedkit.reference.activations.dact (GeLU-tanh and SiLU in
     float64 rounded once, the kernels' fast sigmoid within a few ulp of it; ReLU and squared ReLU
-    exact, so their g is bit-exact)."""
+    exact, so their g is bit-exact). Gated kinds (x = [a | b] of 2H columns, dy of H): g =
+    [(dy * b) * act'(a) | dy * act(a)], of x's shape."""
     from . import activations as _act
     try:
         kind = DACT_KINDS[activation]
     except KeyError:
         raise ValueError(f"fusedkit: activation must be one of {', '.join(DACT_KINDS)}, got {activation!r}") from None
+    d, xf = np.asarray(dy).astype(F32), np.asarray(x).astype(F32)
     with np.errstate(over="ignore", invalid="ignore"):
-        return (np.asarray(dy).astype(F32) * _act.dact(np.asarray(x).astype(F32), kind)).astype(F32)
+        if kind in _act.GATED:
+            inner, H = _act.GATED[kind], xf.shape[-1] // 2
+            a, b = xf[..., :H], xf[..., H:]
+            return np.concatenate([(d * b) * _act.dact(a, inner), d * _act.act(a, inner)], axis=-1).astype(F32)
+        return (d * _act.dact(xf, kind)).astype(F32)
 
 
 def column_sums(g, dtype):
@@ -206,7 +215,8 @@ def cast_transpose_dbias(dy, fmt="e5m2", scale=None, amax_epsilon=0.0, power_of_
 def dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=None, amax_epsilon=0.0,
                         power_of_2_scales=False):
     """FP8 bytes of g = dy * act'(x) (row-wise and transposed), scale_inv, amax of g and dbias (column
-    sums of g in dy's dtype) -> (data, data_t, scale_inv, amax, dbias). ``scale`` None: current scaling."""
+    sums of g in dy's dtype) -> (data, data_t, scale_inv, amax, dbias). ``scale`` None: current scaling.
+    Gated kinds: g of x's shape (dact_values)."""
     dy = np.asarray(dy)
     g = dact_values(dy, x, activation)
     data, data_t, sinv, a = _cast_both(g, fmt, scale, amax_epsilon, power_of_2_scales)
