@@ -76,6 +76,10 @@ def _fp8_dact_cast_transpose_bytes(M, N, s):  # read dy and x, write row-wise an
     return M * N * (2 * s + 2)
 
 
+def _fp8_dgated_cast_transpose_bytes(M, H, s):  # read dy (M x H) and x (M x 2H), write 2 x 2MH bytes
+    return M * H * (3 * s + 4)
+
+
 def _fp8_block_bytes(block_elems, scale_size):
     """Block-scaled cast: read x, write the bytes and one scale of scale_size bytes per block."""
     return lambda M, N, s: M * N * (s + 1) + M * N // block_elems * scale_size
@@ -94,6 +98,10 @@ OPS.update({
     # dgelu (tanh) fused with the cast-transpose of its result: 6MN for 2-byte dy and x
     "fp8_dact_cast_transpose": Op("fp8_dact_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
                                   _fp8_dact_cast_transpose_bytes, reference.fp8.dact_cast_transpose),
+    # dswiglu fused with the cast-transpose of its result (N = H, dy's width; x and g are M x 2H): 10MH
+    # for 2-byte dy and x
+    "fp8_dswiglu_cast_transpose": Op("fp8_dswiglu_cast_transpose", cuda_fp8.FILE, cuda_fp8.vec_width,
+                                     _fp8_dgated_cast_transpose_bytes, reference.fp8.dact_cast_transpose),
     # block scaling (fusedkit.quantize with MXFP8Scaling / BlockScaling): MXFP8 one E8M0 byte per 32
     # elements (along rows, or down columns), 1 x 128 and 128 x 128 one fp32 scale_inv per block
     "fp8_quantize_mxfp8": Op("fp8_quantize_mxfp8", cuda_fp8.FILE, cuda_fp8.vec_width, _fp8_block_bytes(32, 1),

@@ -29,7 +29,8 @@ OPS = ["layer_norm_fwd", "layer_norm_fwdbwd", "rms_norm_fwd", "rms_norm_fwdbwd"]
 FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
 FP8_OPS = ["fp8_quantize_delayed", "fp8_quantize_current", "fp8_cast_transpose", "fp8_dequantize"]
 NORM_FP8_OPS = ["layer_norm_fp8_fwd", "rms_norm_fp8_fwd"]  # at FP8_SHAPES
-FP8_GRAD_OPS = ["fp8_cast_transpose_dbias", "fp8_dact_cast_transpose"]  # at FP8_SHAPES, bf16 -> e5m2
+# at FP8_SHAPES, bf16 -> e5m2 (fp8_dswiglu_cast_transpose: (M, N) is dy's shape, x is M x 2N)
+FP8_GRAD_OPS = ["fp8_cast_transpose_dbias", "fp8_dact_cast_transpose", "fp8_dswiglu_cast_transpose"]
 FP8_BLOCK_OPS = ["fp8_quantize_mxfp8", "fp8_quantize_mxfp8_cols", "fp8_quantize_block_1x128",
                  "fp8_quantize_block_128x128"]  # at FP8_SHAPES, bf16 -> e4m3 with per-block scales
 ACT_WORK = [("gelu_fwd", 32768, 4096), ("gelu_fwd", 16384, 14336), ("swiglu_fwd", 32768, 14336)]  # (op, M, H)
@@ -304,24 +305,34 @@ def _fp8_impls(torch, op, M, N, dtype):
 
 
 def _fp8_grad_impls(torch, op, M, N, dtype):
-    """Gradient casts to E5M2 (delayed scale): cast_transpose_dbias of dy, and dgelu (tanh) of (dy, x)
-    cast-transposed with dbias (Transformer Engine's dgelu_cast_transpose_dbias); torch eager /
-    torch.compile do the same math: fp32 gelu backward by the tanh formula, multiply, saturate, cast,
-    transpose().contiguous(), sum(0), amax."""
+    """Gradient casts to E5M2 (delayed scale): cast_transpose_dbias of dy, dgelu (tanh) of (dy, x)
+    cast-transposed with dbias (Transformer Engine's dgelu_cast_transpose_dbias), and dswiglu of (dy, x
+    = [a | b], M x 2N) cast-transposed (TE's dswiglu_cast_transpose, no bias); torch eager /
+    torch.compile do the same math: fp32 activation backward, multiply, saturate, cast,
+    transpose().contiguous(), sum(0) where there is a dbias, amax."""
     import math
 
     import fusedkit as fk
     g = torch.Generator(device="cuda").manual_seed(0)
     dy = torch.randn(M, N, device="cuda", generator=g).to(dtype)
-    x = (torch.randn(M, N, device="cuda", generator=g) * 2).to(dtype)
+    gated = op == "fp8_dswiglu_cast_transpose"
+    x = (torch.randn(M, 2 * N if gated else N, device="cuda", generator=g) * 2).to(dtype)
     scale = torch.full((1,), 57344.0 / 8.0, device="cuda")
     fmax, e5m2, k0, k1 = 57344.0, torch.float8_e5m2, math.sqrt(2.0 / math.pi), 0.044715
 
-    def cast_t(v, s_):
+    def cast_t(v, s_, dbias=True):
         q = (v * s_).clamp(-fmax, fmax).to(e5m2)
-        return q, q.t().contiguous(), v.sum(0).to(dy.dtype), v.abs().amax(), 1.0 / s_
+        return q, q.t().contiguous(), v.sum(0).to(dy.dtype) if dbias else None, v.abs().amax(), 1.0 / s_
 
-    if op == "fp8_cast_transpose_dbias":
+    if gated:
+        def ours():
+            return fk.dact_cast_transpose(dy, x, activation="swiglu", fmt="e5m2", scale=scale)
+
+        def peer(dy_, x_, s_):
+            a, b = x_.float().chunk(2, dim=-1)
+            d, sg = dy_.float(), torch.sigmoid(a)
+            return cast_t(torch.cat([d * b * (sg * (1 + a * (1 - sg))), d * (a * sg)], dim=-1), s_, dbias=False)
+    elif op == "fp8_cast_transpose_dbias":
         def ours():
             return fk.cast_transpose_dbias(dy, fmt="e5m2", scale=scale)
 

@@ -47,6 +47,8 @@ OPS = {
     "dact_cast_transpose_dbias": lambda a, s, o: fk.dact_cast_transpose(a["dy"], a["x"], activation="silu",
                                                                         fmt="e5m2", scale=s, dbias=True,
                                                                         amax_out=o)[0],
+    "dswiglu_cast_transpose": lambda a, s, o: fk.dact_cast_transpose(a["dy_half"], a["x_even"], activation="swiglu",
+                                                                     fmt="e5m2", scale=s, amax_out=o),
     "layer_norm_fp8": lambda a, s, o: fk.layer_norm(a["x"], a["w"], a["b"], fp8_fmt="e4m3", fp8_scale=s,
                                                     fp8_amax_out=o),
     "rms_norm_fp8": lambda a, s, o: fk.rms_norm(a["x"], a["w"], fp8_fmt="e4m3", fp8_scale=s, fp8_amax_out=o),
@@ -58,7 +60,8 @@ OPS = {
 def _backend_arrays(backend, shape, dtype, key):
     x, w, b, dy = inputs(rng_for(key), shape, dtype)
     x_even = np.ascontiguousarray(x[..., : shape[-1] // 2 * 2])  # the gated activations halve the last dim
-    return {k: to_backend(v, backend) for k, v in dict(x=x, w=w, b=b, dy=dy, x_even=x_even).items()}
+    dy_half = np.ascontiguousarray(dy[..., : shape[-1] // 2])     # their gradient
+    return {k: to_backend(v, backend) for k, v in dict(x=x, w=w, b=b, dy=dy, x_even=x_even, dy_half=dy_half).items()}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

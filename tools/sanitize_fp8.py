@@ -1,5 +1,5 @@
 """Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
-without vector paths, cast_transpose_dbias, dact_cast_transpose, MXFP8 row- and column-wise, 1x128 and
+without vector paths, cast_transpose_dbias, dact_cast_transpose (plain and gated), MXFP8 row- and column-wise, 1x128 and
 128x128 blocks, the scale update, dequantize of each mode) and the activation kernels (forward, FP8
 forward, backward; gated and not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a result
 that differs from the CPU reference (activations: beyond a loose tolerance)."""
@@ -73,6 +73,17 @@ for dtype in ("float32", "float16"):
             t.data.get()
             t = fk.dact_cast_transpose(DY, X, activation=act)  # current scaling
             t.data.get()
+        # gated (ReGLU exact, SwiGLU run): x = [a | b] of twice dy's width H; fused at H = 128, 48 (a tile
+        # across the halves), 8 (M = 0), the fp32-g fallback at H = 132, 36, 50
+        if shape[1] % 2 == 0:
+            half = np.ascontiguousarray(dy[:, : shape[1] // 2])
+            for act in ("reglu", "swiglu"):
+                t, db = fk.dact_cast_transpose(cupy.asarray(half), X, activation=act, scale=8.0, dbias=True)
+                if act == "reglu":
+                    want = ref.dact_cast_transpose(half, x, act, "e5m2", 8.0)
+                    check(f"dact reglu {dtype} {shape}", t.data_t.get(), want[1])
+                t.data.get()
+                fk.dact_cast_transpose(cupy.asarray(half), X, activation=act).data.get()  # current scaling
 h = np.abs(rng.standard_normal((16, 100))).astype(np.float32)
 s = np.ones(100, np.float32)
 H, S = cupy.asarray(h), cupy.asarray(s)

@@ -17,6 +17,7 @@ CASES = {  # op -> (M, N) (N = H, the output width, for swiglu)
     "fp8_quantize_block_128x128": (16384, 8192),
     "fp8_cast_transpose_dbias": (16384, 8192),
     "fp8_dact_cast_transpose": (16384, 8192),
+    "fp8_dswiglu_cast_transpose": (16384, 8192),
     "gelu_fwd": (16384, 8192),
     "swiglu_fwd": (16384, 8192),
     "layer_norm_fp8_fwd": (16384, 8192),
@@ -50,6 +51,10 @@ def _call(op, x, scale):
     if op == "fp8_dact_cast_transpose":  # dgelu + dbias; dy a second buffer (no L2 reuse of x)
         dy = x.clone() if hasattr(x, "clone") else x.copy()
         return lambda: fusedkit.dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=scale, dbias=True)
+    if op == "fp8_dswiglu_cast_transpose":  # x = [a | b] (M x 2N), dy a second buffer of M x N
+        half = x[:, : x.shape[1] // 2]
+        dy = half.clone() if hasattr(half, "clone") else half.copy()
+        return lambda: fusedkit.dact_cast_transpose(dy, x, activation="swiglu", fmt="e5m2", scale=scale)
     if op == "gelu_fwd":
         return lambda: fusedkit.gelu(x)
     if op == "layer_norm_fp8_fwd":  # no weights: the byte model counts x and the FP8 bytes only
@@ -66,7 +71,7 @@ def _measure_all():
         return None
     out = {"copy_gbps": _copy_gbps(fw), "gbps": {}}
     for op, (M, N) in CASES.items():
-        x = fw.randn((M, 2 * N if op == "swiglu_fwd" else N), "bfloat16")
+        x = fw.randn((M, 2 * N if op in ("swiglu_fwd", "fp8_dswiglu_cast_transpose") else N), "bfloat16")
         out["gbps"][op] = OPS[op].bytes_moved(M, N, 2) / _median_ms(fw, _call(op, x, 0.5)) / 1e6
         del x
     return out
