@@ -34,7 +34,7 @@
 // Engine's columnwise layout: data in x's (M, N) layout, E8M0 scales (ceil(M / 32), N)); see the kernel.
 // fp8_quantize_blocks_2d<T, F, VEC>: 128 x 128 blocks (DeepSeek weights): one block of 256 threads per
 // tile, 16 threads x 8 elements per tile row, 16 rows per pass, the tile's 64 values per thread kept in
-// registers as the raw input words (Words8), all eight loads issued before the first use; amax (on the
+// registers as the raw input words (Raw8), all eight loads issued before the first use; amax (on the
 // bits for 16-bit input) by shuffles and one shared-memory round; scale = 2^floor(log2(fp8_max / amax)) (1
 // for an all-zero tile), fp32 scale_inv per tile. Bytes 2MK read + MK written.
 // fp8_ct_tile<T, F, ACT, SUMS, VEC>: the fast cast-transpose, also fused with the bias gradient
@@ -324,33 +324,40 @@ fp8_quantize_blocks(const T* __restrict__ x, unsigned char* __restrict__ out, vo
   }
 }
 
-// Eight consecutive elements of T as raw 32-bit words (two bf16 / fp16 per word, one fp32 per word): the
-// unit the 128 x 128 kernel holds its tile in. Held as fp32 values or as Vec<bf16, 8>, ptxas kept one
-// element per register (64 + 33 = 97 registers, 2 blocks per SM); as words, 32 for a bf16 tile.
+// 8 consecutive elements of T as raw 32-bit words: 4 words (2-byte T, element 2k in the low half of
+// word k) or 8 (fp32); 16-byte aligned, so one in memory loads as LDG.E.128. The unit fp8_ct_tile and
+// the 128 x 128 kernel hold their input in: held as fp32 values or as Vec<bf16, 8>, ptxas kept one
+// element per register (the 128 x 128 kernel: 64 + 33 = 97 registers, 2 blocks per SM; as words, 74).
 template <typename T>
-struct alignas(16) Words8 {
-  static constexpr int N = 2 * (int)sizeof(T);
-  unsigned w[N];
-  __device__ __forceinline__ float get(int j) const {  // element j as fp32
-    if constexpr (sizeof(T) == 4) return __uint_as_float(w[j]);
-    else return to_float(T{(unsigned short)(w[j / 2] >> (16 * (j & 1)))});
-  }
-  __device__ __forceinline__ void set(int j, T v) {  // element j of a zeroed Words8
-    if constexpr (sizeof(T) == 4) w[j] = __float_as_uint(v);
-    else w[j / 2] |= (unsigned)v.bits << (16 * (j & 1));
-  }
+struct alignas(16) Raw8 {
+  static constexpr int W = 8 * sizeof(T) / 4;
+  unsigned w[W];
 };
+__device__ __forceinline__ unsigned raw_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned raw_bits(bf16 v) { return v.bits; }
+__device__ __forceinline__ unsigned raw_bits(f16 v) { return v.bits; }
 
-// The largest |element| of one Words8 folded into acc, NaN left out (as fmaxf leaves it). fp32: as
+template <typename T>
+__device__ __forceinline__ float raw_elem(const Raw8<T>& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(r.w[j]);
+  } else if constexpr (IsBf16<T>::value) {
+    return __uint_as_float((j & 1) ? (r.w[j >> 1] & 0xFFFF0000u) : (r.w[j >> 1] << 16));
+  } else {
+    return to_float(T{(unsigned short)((j & 1) ? (r.w[j >> 1] >> 16) : (r.w[j >> 1] & 0xFFFFu))});
+  }
+}
+
+// The largest |element| of one Raw8 folded into acc, NaN left out (as fmaxf leaves it). fp32: as
 // floats. 16-bit input on the bits, two at a time: sign cleared, a NaN (bits above the infinity's)
 // zeroed, unsigned 16-bit max (sign-magnitude bits order as the values do); acc then holds two
-// magnitudes' bits, words8_amax_value turns it into the fp32 amax.
+// magnitudes' bits, raw8_amax_value turns it into the fp32 amax.
 template <typename T>
-__device__ __forceinline__ unsigned words8_amax(unsigned acc, const Words8<T>& a) {
+__device__ __forceinline__ unsigned raw8_amax(unsigned acc, const Raw8<T>& a) {
   if constexpr (sizeof(T) == 4) {
     float am = __uint_as_float(acc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(a.get(j)));
+    for (int j = 0; j < 8; ++j) am = fmaxf(am, fabsf(raw_elem<T>(a, j)));
     return __float_as_uint(am);
   } else {
     constexpr unsigned INF2 = IsBf16<T>::value ? 0x7F807F80u : 0x7C007C00u;
@@ -363,7 +370,7 @@ __device__ __forceinline__ unsigned words8_amax(unsigned acc, const Words8<T>& a
   }
 }
 template <typename T>
-__device__ __forceinline__ float words8_amax_value(unsigned acc) {
+__device__ __forceinline__ float raw8_amax_value(unsigned acc) {
   if constexpr (sizeof(T) == 4) return __uint_as_float(acc);
   else return fmaxf(to_float(T{(unsigned short)(acc & 0xFFFFu)}), to_float(T{(unsigned short)(acc >> 16)}));
 }
@@ -376,24 +383,29 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
   const int tc = (threadIdx.x & 15) * 8, tr = threadIdx.x >> 4;
   const long long r0 = (long long)blockIdx.y * 128;
   const int c = blockIdx.x * 128 + tc;
-  Words8<T> a[PASSES];
+  Raw8<T> a[PASSES];
   // all loads first: a row past M (or a chunk past K) is zeros, with no branch around the loads
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
     const long long r = r0 + tr + 16 * p;
     if constexpr (VEC == 8) {  // K % 8 == 0: the 8 elements are all in the row or all past it
-      a[p] = (r < M && c < K) ? *reinterpret_cast<const Words8<T>*>(x + r * K + c) : Words8<T>{};
+      a[p] = (r < M && c < K) ? *reinterpret_cast<const Raw8<T>*>(x + r * K + c) : Raw8<T>{};
     } else {
-      a[p] = Words8<T>{};
+      a[p] = Raw8<T>{};
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (r < M && c + j < K) a[p].set(j, x[r * K + c + j]);
+      for (int j = 0; j < 8; ++j) {
+        if (r < M && c + j < K) {
+          const unsigned v = raw_bits(x[r * K + c + j]);
+          if constexpr (sizeof(T) == 4) a[p].w[j] = v;
+          else a[p].w[j / 2] |= v << (16 * (j & 1));
+        }
+      }
     }
   }
   unsigned acc = 0;
 #pragma unroll
-  for (int p = 0; p < PASSES; ++p) acc = words8_amax(acc, a[p]);
-  float am = words8_amax_value<T>(acc);
+  for (int p = 0; p < PASSES; ++p) acc = raw8_amax(acc, a[p]);
+  float am = raw8_amax_value<T>(acc);
   __shared__ float part[8];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
@@ -413,7 +425,7 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
     if (r >= M || c >= K) continue;
     float v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = a[p].get(j);
+    for (int j = 0; j < 8; ++j) v[j] = raw_elem<T>(a[p], j);
     const Vec<unsigned char, 8> q8 = cast_fp8_vec<F, 8>(v, scale, unused_amax);
     if (VEC == 8) {
       store_vec<unsigned char, 8>(out + r * K + c, q8);
@@ -541,28 +553,6 @@ fp8_cast_transpose(const T* __restrict__ x, unsigned char* __restrict__ out,
 constexpr int kFtTile = 128;     // block tile: 128 rows x 128 columns
 constexpr int kFtThreads = 256;  // 8 warps, 4 (rows) x 2 (columns); a warp covers 32 rows x 64 columns
 constexpr int kNoAct = -1;       // ACT of the plain cast (g = x)
-
-// 8 consecutive elements of T as raw 32-bit words: 4 words (2-byte T, element 2k in the low half of
-// word k) or 8 (fp32).
-template <typename T>
-struct Raw8 {
-  static constexpr int W = 8 * sizeof(T) / 4;
-  unsigned w[W];
-};
-__device__ __forceinline__ unsigned raw_bits(float v) { return __float_as_uint(v); }
-__device__ __forceinline__ unsigned raw_bits(bf16 v) { return v.bits; }
-__device__ __forceinline__ unsigned raw_bits(f16 v) { return v.bits; }
-
-template <typename T>
-__device__ __forceinline__ float raw_elem(const Raw8<T>& r, int j) {
-  if constexpr (sizeof(T) == 4) {
-    return __uint_as_float(r.w[j]);
-  } else if constexpr (IsBf16<T>::value) {
-    return __uint_as_float((j & 1) ? (r.w[j >> 1] & 0xFFFF0000u) : (r.w[j >> 1] << 16));
-  } else {
-    return to_float(T{(unsigned short)((j & 1) ? (r.w[j >> 1] >> 16) : (r.w[j >> 1] & 0xFFFFu))});
-  }
-}
 
 // One row of the thread's 8 x 8 sub-tile. For a row past M (row_ok false) the caller passes the
 // sub-tile's first row (so every load is in bounds); such rows and columns past N read as 0 (never
