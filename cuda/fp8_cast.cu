@@ -42,7 +42,8 @@
 // ACT from common/act.cuh; ACT = -1 casts x itself; ACT = kGated + inner: a gated activation's backward,
 // g = [dy * b * act'(a) | dy * act(a)] for x = [a | b] of N = 2H columns and dy of H, each thread's 8
 // columns in one half, b loaded for the first half only: Transformer Engine's dswiglu / dgeglu
-// cast-transpose). The 64 x 64 kernel above moved every byte through
+// cast-transpose; ACT = kGatedPaired + inner, an experiment: the grid covers dy's H columns and each
+// thread writes both output sub-tiles, columns c and H + c, from one load of a, b and dy). The 64 x 64 kernel above moved every byte through
 // shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
 // loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
@@ -583,15 +584,18 @@ __device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncol
   return r;
 }
 
-// ACT >= kGated: the gated activation of inner ACT - kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
+// ACT >= kGated: the gated activation of inner ACT % kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
 // x = [a | b] (halves of the last dim): y = act(a) * b, so dx = [dy * b * act'(a) | dy * act(a)].
+// ACT >= kGatedPaired (experiment, cuda_fp8.DGATED_PAIRED): fp8_ct_tile's blocks cover the H columns
+// of dy and write both output halves (see there).
 constexpr int kGated = 16;
+constexpr int kGatedPaired = 32;
 
 // One element of a gated activation's gradient: (dy * b) * act'(a) in the first half, dy * act(a) in
 // the second (fp32, the reference's order of operations).
 template <int ACT>
 __device__ __forceinline__ float gated_value(bool first, float a, float b, float d) {
-  constexpr int INNER = ACT - kGated;
+  constexpr int INNER = ACT % kGated;
   return first ? (d * b) * dact_f<INNER>(a) : d * act_f<INNER>(a);
 }
 
@@ -698,9 +702,32 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #define FK_CT_SMEM_T 1
 #endif
 
+// The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
+__device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],
+                                              unsigned (&thi)[8]) {
+  transpose_4x4_bytes(lo[0], lo[1], lo[2], lo[3], tlo[0], tlo[1], tlo[2], tlo[3]);
+  transpose_4x4_bytes(lo[4], lo[5], lo[6], lo[7], thi[0], thi[1], thi[2], thi[3]);
+  transpose_4x4_bytes(hi[0], hi[1], hi[2], hi[3], tlo[4], tlo[5], tlo[6], tlo[7]);
+  transpose_4x4_bytes(hi[4], hi[5], hi[6], hi[7], thi[4], thi[5], thi[6], thi[7]);
+}
+
+// The transposed sub-tile to out_t rows dst, dst + M, ... (one 8-byte chunk each; narrower at the edges).
+__device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsigned (&thi)[8], unsigned char* dst,
+                                           long long M, int nrows, int ncols, int tw) {
+  if (nrows == 8 && tw == 8 && ncols == 8) {  // every sub-tile but those at the tensor's edges
+#pragma unroll
+    for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(dst + j * M) = make_uint2(tlo[j], thi[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < ncols) store_bytes8(dst + j * M, tlo[j], thi[j], nrows, tw);
+  }
+}
+
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
-__global__ void __launch_bounds__(kFtThreads, (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4)
-                                                : (ACT >= kGated && sizeof(T) == 4) ? 1 : 2)
+__global__ void __launch_bounds__(kFtThreads,
+                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4)
+                                  : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
             const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
@@ -715,18 +742,20 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int trow = (warp & 3) * 32 + (lane >> 3) * 8;  // the thread's 8 x 8 sub-tile in the block tile
   const int tcol = (warp >> 2) * 64 + (lane & 7) * 8;
-  const int c0 = blockIdx.x * kFtTile + tcol;
-  const int ncols = min(8, N - c0);  // <= 0: no columns here (the thread still joins the reductions)
+  constexpr bool PAIRED = ACT >= kGatedPaired;
+  const int c0 = blockIdx.x * kFtTile + tcol;  // PAIRED: a column of dy (the grid covers H = N / 2)
+  const int ncols = min(8, (PAIRED ? N >> 1 : N) - c0);  // <= 0: no columns here (the thread still joins the reductions)
   const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
   const long long m_tiles = (M + kFtTile - 1) / kFtTile;
   constexpr bool GATED = ACT >= kGated;
   // rows per load batch (the gated kinds: three loads per row in the first half; at 4 rows SwiGLU
-  // spilled under the cap of 2 blocks per SM, and fp32 input at 1 row: that one gets 1 block per SM)
-  constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : ACT == kGated + SILU ? 2
+  // spilled under the cap of 2 blocks per SM, and fp32 input at 1 row: that one gets 1 block per SM;
+  // PAIRED holds two output sub-tiles: 2 rows (spilled at 4; GeGLU-erf at any: 1 block per SM for it))
+  constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : (PAIRED || ACT == kGated + SILU) ? 2
                    : (GATED || ACT == GELU_ERF) ? 4 : 8;
   // gated: the thread's 8 columns lie in one half (the host asks H % 8 == 0); a, b and dy column gc
   const int H = N >> 1;
-  const bool first = !GATED || c0 < H;
+  const bool first = !GATED || PAIRED || c0 < H;
   const int gc = first ? c0 : c0 - H;
   float am = 0.f;
   float csum[8];
@@ -738,6 +767,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     const int nrows = (int)min(8LL, M - r0);
     const long long base = r0 * N + c0;  // the sub-tile's first element
     unsigned lo[8], hi[8];  // the sub-tile's FP8 rows: columns 0-3 (lo) and 4-7 (hi)
+    unsigned lo2[PAIRED ? 8 : 1], hi2[PAIRED ? 8 : 1];  // PAIRED: the second half's (column H + c0)
 #pragma unroll
     for (int b = 0; b < 8; b += RB) {  // RB rows of loads issued before any of them is used
       Raw8<T> a[RB], d[RB], e[GATED ? RB : 1];  // e: the gated activation's b (first half only)
@@ -759,26 +789,34 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
 #pragma unroll
       for (int k = 0; k < RB; ++k) {
         const int i = b + k;
-        float g[8];
+        float g[8], g2[PAIRED ? 8 : 1];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if constexpr (GATED)
+          if constexpr (PAIRED) {
+            const float av = raw_elem<T>(a[k], j), dv = raw_elem<T>(d[k], j);
+            g[j] = gated_value<ACT>(true, av, raw_elem<T>(e[k], j), dv);
+            g2[j] = gated_value<ACT>(false, av, 0.f, dv);
+          } else if constexpr (GATED) {
             g[j] = gated_value<ACT>(first, raw_elem<T>(a[k], j), raw_elem<T>(e[k], j), raw_elem<T>(d[k], j));
-          else
+          } else {
             g[j] = ct_value<ACT>(raw_elem<T>(a[k], j), ACT >= 0 ? raw_elem<T>(d[k], j) : 0.f);
-          if constexpr (SUMS) csum[j] += g[j];  // (a run-time branch here would clone the loop)
+          }
+          if constexpr (SUMS && !PAIRED) csum[j] += g[j];  // (a run-time branch here would clone the loop)
         }
         const uint2 u = cast_fp8_x8<F>(g, scale, am);
         lo[i] = u.x;
         hi[i] = u.y;
         if (i < nrows) store_bytes8(out + base + (long long)i * N, u.x, u.y, VEC == 8 ? 8 : ncols, VEC == 8 ? 8 : 1);
+        if constexpr (PAIRED) {  // VEC = 8
+          const uint2 u2 = cast_fp8_x8<F>(g2, scale, am);
+          lo2[i] = u2.x;
+          hi2[i] = u2.y;
+          if (i < nrows) store_bytes8(out + base + H + (long long)i * N, u2.x, u2.y, 8, 8);
+        }
       }
     }
     unsigned tlo[8], thi[8];  // transposed: column j of the sub-tile, rows 0-3 (tlo) and 4-7 (thi)
-    transpose_4x4_bytes(lo[0], lo[1], lo[2], lo[3], tlo[0], tlo[1], tlo[2], tlo[3]);
-    transpose_4x4_bytes(lo[4], lo[5], lo[6], lo[7], thi[0], thi[1], thi[2], thi[3]);
-    transpose_4x4_bytes(hi[0], hi[1], hi[2], hi[3], tlo[4], tlo[5], tlo[6], tlo[7]);
-    transpose_4x4_bytes(hi[4], hi[5], hi[6], hi[7], thi[4], thi[5], thi[6], thi[7]);
+    ct_transpose8(lo, hi, tlo, thi);
     if constexpr (FK_CT_SMEM_T && !SUMS && VEC == 8) {  // the plain cast (with SUMS, ptxas spilled under the caps)
       __shared__ uint2 tsm[kFtTile][kFtTile / 8];  // [tile column][swizzled row chunk]: 16 KB
       const long long tr0 = by * kFtTile;
@@ -800,14 +838,11 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
         continue;
       }
     }
-    unsigned char* dst = out_t + (long long)c0 * M + r0;  // out_t row c0 + j starts j * M further
-    if (nrows == 8 && tw == 8 && ncols == 8) {  // every sub-tile but those at the tensor's edges
-#pragma unroll
-      for (int j = 0; j < 8; ++j) *reinterpret_cast<uint2*>(dst + j * M) = make_uint2(tlo[j], thi[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < ncols) store_bytes8(dst + j * M, tlo[j], thi[j], nrows, tw);
+    // out_t row c0 + j starts j * M further
+    ct_store_t(tlo, thi, out_t + (long long)c0 * M + r0, M, nrows, ncols, tw);
+    if constexpr (PAIRED) {
+      ct_transpose8(lo2, hi2, tlo, thi);
+      ct_store_t(tlo, thi, out_t + (long long)(H + c0) * M + r0, M, nrows, ncols, tw);
     }
   }
   if (amax_out != nullptr) block_amax_merge(am, amax_out);

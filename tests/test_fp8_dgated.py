@@ -4,7 +4,8 @@ g = [dy * b * act'(a) | dy * act(a)] cast to FP8 row-wise and transposed, with o
 backend against the CPU reference. Same criteria as tests/test_fp8_dact.py (ReGLU exact, the others
 within one FP8 code). Shapes (H = dy's last dim): 24, 72, 128, 264 take the fused 16-byte-load path
 (H % 8 == 0; 72 puts a 128-column tile across the two halves, (130, 72) also a partial row group), 13
-and 100 the fallback (g in fp32 first), (3, 5, 24) leading dims, M = 0."""
+and 100 the fallback (g in fp32 first), (3, 5, 24) leading dims, M = 0. The paired-block experiment
+(cuda_fp8.DGATED_PAIRED) has its own GPU test."""
 import numpy as np
 import pytest
 
@@ -109,6 +110,28 @@ def test_bad_input():
         fk.dact_cast_transpose(dy, np.ones((4, 16), np.float16), activation="geglu")
     with pytest.raises(ValueError, match="twice dy's last dim"):
         fk.dact_cast_transpose(dy, np.ones((5, 16), np.float32), activation="reglu")
+
+
+@pytest.mark.parametrize("backend", backend_params(["cupy", "torch"]))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activation", GATED)
+@pytest.mark.parametrize("scaling", ["delayed", "current", "dbias"])
+@pytest.mark.parametrize("shape", [(3, 5, 24), (130, 72), (136, 264), (257, 256)], ids=str)
+def test_paired_blocks_match_reference(monkeypatch, backend, dtype, activation, scaling, shape):
+    """The paired-block experiment (cuda_fp8.DGATED_PAIRED: a block covers 128 columns of dy and writes
+    both output halves) against the reference; with dbias the shipped blocks run instead."""
+    from fusedkit.backends import cuda_fp8
+    skip_unsupported(backend, dtype)
+    monkeypatch.setattr(cuda_fp8, "DGATED_PAIRED", 1)
+    rng = rng_for("dgatedpair", backend, dtype, activation, scaling, shape)
+    dy, x = gated_inputs(rng, shape, dtype)
+    scale = None if scaling == "current" else F32(57344.0 / 4000.0)
+    recipe = fp8.CurrentScaling() if scaling == "current" else None
+    r = fk.dact_cast_transpose(to_backend(dy, backend), to_backend(x, backend), activation=activation,
+                               scale=None if scale is None else float(scale), recipe=recipe,
+                               dbias=scaling == "dbias")
+    t, db = r if scaling == "dbias" else (r, None)
+    check(t, dy, x, activation, "e5m2", scale, current=recipe, db=db)
 
 
 @pytest.mark.gpu
