@@ -701,6 +701,13 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
+// Experiment (0 = shipped): the same shared-memory transposed stores for cast_transpose_dbias (SUMS,
+// ACT < 0) at 2 blocks per SM instead of 3 (no spills there; the dact instantiations spilled 4-12 bytes
+// with it even at 2 and keep the direct stores). A/B: AB_OPTIONS="-DFK_CT_SMEM_T_SUMS=1" AB_OPS=dbias
+// tools/ab_nvrtc_options.py.
+#ifndef FK_CT_SMEM_T_SUMS
+#define FK_CT_SMEM_T_SUMS 0
+#endif
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
 __device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],
@@ -726,7 +733,7 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads,
-                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 3 : 4)
+                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? (FK_CT_SMEM_T_SUMS ? 2 : 3) : 4)
                                   : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
@@ -817,7 +824,8 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     }
     unsigned tlo[8], thi[8];  // transposed: column j of the sub-tile, rows 0-3 (tlo) and 4-7 (thi)
     ct_transpose8(lo, hi, tlo, thi);
-    if constexpr (FK_CT_SMEM_T && !SUMS && VEC == 8) {  // the plain cast (with SUMS, ptxas spilled under the caps)
+    // the plain cast (with SUMS, ptxas spilled under the caps: FK_CT_SMEM_T_SUMS tries dbias at 2 blocks)
+    if constexpr (FK_CT_SMEM_T && (!SUMS || (FK_CT_SMEM_T_SUMS && ACT < 0)) && !PAIRED && VEC == 8) {
       __shared__ uint2 tsm[kFtTile][kFtTile / 8];  // [tile column][swizzled row chunk]: 16 KB
       const long long tr0 = by * kFtTile;
       const int tc0 = blockIdx.x * kFtTile;

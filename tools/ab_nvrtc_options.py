@@ -4,7 +4,8 @@ Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the 
 always included); between variants the in-memory kernel and launcher caches are dropped, so the next
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
-the benchmark's three shapes, with current scaling too, the current-scaling quantize at the same shapes,
+the benchmark's three shapes, with current scaling and with dbias too, the current-scaling quantize at the
+same shapes,
 the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
 at the three shapes, the plain LayerNorm forward at 32768 x 4096, 131072 x 1024 and 16384 x 8192 and the plain
 RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others'
@@ -77,6 +78,9 @@ def cases():
         # current scaling: the amax pass, then the cast (5MN; FK_AMAX_REVERSE's A/B)
         out.append((f"fp8_quantize_current {M}x{N}", 5 * M * N, lambda x=x: fk.quantize(x, fmt="e4m3")))
         out.append((f"fp8_cast_transpose_current {M}x{N}", 6 * M * N, lambda x=x: fk.cast_transpose(x, fmt="e4m3")))
+        # with the bias gradient (E5M2; FK_CT_SMEM_T_SUMS's A/B)
+        out.append((f"fp8_cast_transpose_dbias {M}x{N}", 4 * M * N,
+                    lambda x=x: fk.cast_transpose_dbias(x, fmt="e5m2", scale=scale)))
     for M, N in FP8_SHAPES:
         xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
