@@ -1,5 +1,7 @@
 """fusedkit.fp8.update_scales: one delayed-scaling step for many tensors equals the reference
-(update_amax_history + delayed_scale) bit for bit, including amax 0, inf, NaN and tiny amax."""
+(update_amax_history + delayed_scale) bit for bit, including amax 0, inf, NaN and tiny amax; on JAX
+arrays (new arrays back, eager and under jax.jit) likewise, but for a subnormal scale_inv that XLA
+flushes to zero."""
 import numpy as np
 import pytest
 
@@ -50,3 +52,38 @@ def test_update_scales_bad_input():
         fp8.update_scales(np.zeros(4, F32), np.zeros(4, F32))
     with pytest.raises(TypeError, match="DelayedScaling"):
         fp8.update_scales(h, np.zeros(3, F32), recipe=fp8.CurrentScaling())
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("L", [1, 2, 16])
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_update_scales_jax(jit, L, algo, margin):
+    """JAX arrays: the updated state comes back as new arrays, bit for bit the reference's, eagerly and
+    under jax.jit (on whatever device JAX runs); the inputs are left as they were."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    rng = rng_for("updjax", jit, L, algo, margin)
+    n = 40
+    h, scale = _state(rng, L, n)
+    recipe = fp8.DelayedScaling(margin=margin, amax_history_len=L, amax_compute_algo=algo)
+    want_h, amax = fp8.update_amax_history(h, algo)
+    want_s = fp8.delayed_scale(amax, scale, 57344.0, margin)
+    H, S, SI = jnp.asarray(h), jnp.asarray(scale), jnp.zeros(n, jnp.float32)
+
+    def step(H, S, SI):
+        return fp8.update_scales(H, S, SI, recipe=recipe, fmt="e5m2")
+    got_h, got_s, got_si = (jax.jit(step) if jit else step)(H, S, SI)
+    np.testing.assert_array_equal(np.asarray(got_h).view(np.uint32), want_h.view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(got_s).view(np.uint32), want_s.view(np.uint32))
+    # XLA may flush subnormals (it does on the CPU): a scale_inv below fp32's smallest normal (the
+    # tiny-amax column's 1 / fp32 max) may come back 0 (fusedkit.jax._fp8.update_scales documents it)
+    want_si = F32(1) / want_s
+    got_si = np.asarray(got_si)
+    flushed = (np.abs(want_si) < np.finfo(F32).tiny) & (got_si == 0)
+    np.testing.assert_array_equal(np.where(flushed, F32(0), got_si).view(np.uint32),
+                                  np.where(flushed, F32(0), want_si).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(H).view(np.uint32), h.view(np.uint32))  # untouched
+    _, s2, si2 = fp8.update_scales(H, S, recipe=recipe, fmt="e5m2")  # without scale_inv
+    assert si2 is None
+    np.testing.assert_array_equal(np.asarray(s2).view(np.uint32), want_s.view(np.uint32))

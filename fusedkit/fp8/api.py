@@ -354,7 +354,10 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
     latest amax of each tensor), ``scale`` and optional ``scale_inv`` (n fp32). Takes amax as the
     history's max (or row 0 with ``amax_compute_algo="most_recent"``), rolls the history (row 0 is
     zeroed for the next step) and sets ``scale = fp8_max / amax / 2**margin`` (the previous scale kept
-    for an amax of 0, inf or NaN), ``scale_inv = 1 / scale``. One kernel launch on device arrays."""
+    for an amax of 0, inf or NaN), ``scale_inv = 1 / scale``. One kernel launch on device arrays.
+    JAX arrays (eager, or traced under ``jax.jit``) are immutable: the updated ``(history, scale,
+    scale_inv)`` come back as new arrays (jax.numpy, bit for bit the same step) and the inputs stay as
+    they were."""
     rec = recipe or DelayedScaling()
     if not isinstance(rec, DelayedScaling):
         raise TypeError("fusedkit.fp8.update_scales: recipe must be a DelayedScaling")
@@ -379,8 +382,12 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
         if si is not None:
             si[...] = np.float32(1.0) / s
         return history, scale, scale_inv
+    if kind in _interop.JAX_KINDS:  # immutable: the updated arrays come back new (also under jax.jit)
+        _interop.check_same_framework(kind, (("scale", scale), ("scale_inv", scale_inv)))
+        from ..jax import _fp8
+        return _fp8.update_scales(history, scale, scale_inv, f.max, rec.margin, rec.amax_compute_algo)
     if kind not in (_interop.CUPY, _interop.TORCH):
-        raise TypeError(f"fusedkit.fp8.update_scales takes NumPy, CuPy or torch arrays, got {kind}")
+        raise TypeError(f"fusedkit.fp8.update_scales takes NumPy, CuPy, torch or JAX arrays, got {kind}")
     from ..backends import cuda_fp8
 
     H = _interop.view(history, kind, "history")

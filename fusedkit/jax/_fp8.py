@@ -41,6 +41,36 @@ def scale_array(s, who: str, what: str):
 # The amax output is zeroed on XLA's stream before the cast kernels merge into it (atomicMax); current
 # scaling's scale is an extra fp32 output (scratch), dropped afterwards.
 
+def update_scales(history, scale, scale_inv, fp8_max, margin, algo):
+    """fusedkit.fp8.update_scales on JAX arrays (eager or traced, any device): the same step as the
+    reference (recipes.update_amax_history, delayed_scale) in jax.numpy, fp32 throughout. JAX arrays are
+    immutable, so the updated (history, scale, scale_inv) come back as new arrays (scale_inv None when
+    not given). XLA flushes fp32 subnormals to zero, which leaves two differences from the reference,
+    both at the ends of fp32's range: a scale_inv whose value is subnormal (a scale of 2^126 or more,
+    from an amax below about 5e-36) and a scale that would be subnormal (an amax near fp32's max with a
+    margin) come back 0, where the reference keeps the subnormal."""
+    import jax
+    import jax.numpy as jnp
+    f32, f32_max = jnp.float32, np.finfo(np.float32).max
+    # XLA flushes fp32 subnormals to zero (on the CPU at least), so a subnormal amax would read as 0 and
+    # keep the previous scale; the reference divides by it (fp8_max / amax overflows: fp32 max). `tiny`:
+    # the amax is a positive subnormal, found on the bits
+    bits = jax.lax.bitcast_convert_type(history.astype(f32), jnp.int32)
+    subnormal = (bits > 0) & (bits < 0x00800000)
+    if algo == "max":
+        amax = jnp.max(history, axis=0)  # NaN wins, as in NumPy
+        tiny = jnp.any(subnormal, axis=0) & (amax == 0)
+    else:
+        amax, tiny = history[0], subnormal[0]
+    new = jnp.roll(history, -1, axis=0) if history.shape[0] > 1 else history
+    new = new.at[0].set(0)
+    sf = (f32(fp8_max) / amax) / f32(2.0 ** margin)
+    sf = jnp.where(amax > 0, sf, scale)                  # amax 0: the previous scale
+    sf = jnp.where(jnp.isfinite(amax), sf, scale)        # inf / NaN: the previous scale
+    sf = jnp.where(jnp.isinf(sf) | tiny, f32(f32_max), sf).astype(f32)
+    return new, sf, None if scale_inv is None else (f32(1) / sf).astype(f32)
+
+
 def quantize(x, scale, fmt, eps, pow2, transpose):
     """(data, data_t or None, scale_inv (1,), amax (1,)): delayed scaling with ``scale`` (a 1-element
     float32 array), current scaling with ``scale`` None (``eps`` / ``pow2``: the recipe's amax epsilon
