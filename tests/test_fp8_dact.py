@@ -12,7 +12,9 @@ amax (and a current-scaling scale_inv) to 4e-6 relative (where the derivative ca
 = -1, a few ulp of the sigmoid become a few more of g). dbias within the fp32-accumulation tolerance of
 a float64 sum. Shapes: (67, 256) and (136, 264) take the 16-byte-load path, (130, 72) a partial row
 group with M % 8 != 0, (33, 100) and (5, 13) the fallback (N % 8 != 0: g in fp32 first, then the fp32
-cast-transpose with scalar loads), (3, 5, 40) leading dims."""
+cast-transpose with scalar loads), (3, 5, 40) leading dims. The gated kinds (SwiGLU, GeGLU, ReGLU) run
+the same tests with x of twice dy's width (H = dy's last dim: 72 puts a tile across the two halves, 13
+and 100 take the fallback); tests/test_fp8_dgated.py has their own."""
 import numpy as np
 import pytest
 
@@ -23,7 +25,8 @@ from _backends import backend_params, rand, skip_unsupported, to_backend, to_num
 from test_fp8_cast_transpose import check_dbias
 from test_fp8_quantize import F32, rng_for
 
-ACTIVATIONS = ["gelu", "gelu_erf", "silu", "relu", "squared_relu"]
+GATED = ["swiglu", "geglu", "geglu_erf", "reglu"]  # x = [a | b]: twice dy's last dim (tests/test_fp8_dgated.py)
+ACTIVATIONS = ["gelu", "gelu_erf", "silu", "relu", "squared_relu"] + GATED
 EXACT = ("relu", "squared_relu", "reglu")
 SHAPES = [(0, 16), (0, 13), (5, 13), (3, 5, 40), (33, 100), (67, 256), (130, 72), (136, 264)]
 
@@ -80,9 +83,11 @@ def check(t, dy, x, activation, fmt, scale, current=None, db=None):
         check_dbias(db, ref.dact_values(dy, x, activation), str(dy.dtype))
 
 
-def inputs(rng, shape, dtype):
-    """x spread over the activations' interesting range, dy gradient-like with a few large values."""
-    x = rand(rng, shape, dtype, scale=3.0)
+def inputs(rng, shape, dtype, activation=None):
+    """x spread over the activations' interesting range, dy gradient-like with a few large values; dy
+    has ``shape``, and so does x but for the gated kinds (twice the last dim)."""
+    x_shape = tuple(shape[:-1]) + (2 * shape[-1],) if activation in GATED else shape
+    x = rand(rng, x_shape, dtype, scale=3.0)
     dy = rand(rng, shape, "float32", scale=2.0)
     flat = dy.reshape(-1)
     if flat.size >= 3:
@@ -97,52 +102,56 @@ def inputs(rng, shape, dtype):
 def test_dact_cast_transpose_delayed(backend, dtype, activation, shape):
     skip_unsupported(backend, dtype)
     rng = rng_for("dact", backend, dtype, activation, shape)
-    dy, x = inputs(rng, shape, dtype)
+    dy, x = inputs(rng, shape, dtype, activation)
     scale = F32(57344.0 / 4000.0)
     t = fk.dact_cast_transpose(to_backend(dy, backend), to_backend(x, backend), activation=activation,
                                scale=float(scale))
-    assert t.fmt.name == "e5m2" and t.data_t is not None
+    assert t.fmt.name == "e5m2" and t.data_t is not None and tuple(t.data.shape) == x.shape
     check(t, dy, x, activation, "e5m2", scale)
 
 
 @pytest.mark.parametrize("backend", backend_params(["numpy", "torch_cpu", "cupy", "torch"]))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("activation", ["gelu", "silu", "relu"])
+@pytest.mark.parametrize("activation", ["gelu", "silu", "relu", "swiglu", "reglu"])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("shape", [(0, 16), (5, 13), (130, 72), (777, 100), (1100, 264)], ids=str)
 def test_dact_cast_transpose_dbias(backend, dtype, activation, fmt, shape):
     """With dbias: several blocks down the rows add partial sums ((777, 100): two, through the fp32
-    fallback, whose fp32 dbias is rounded to dy's dtype afterwards; (1100, 264): three)."""
+    fallback, whose fp32 dbias is rounded to dy's dtype afterwards; (1100, 264): three). The gated
+    kinds' dbias has x's width (the bias gradient of the projection before them)."""
     skip_unsupported(backend, dtype)
     rng = rng_for("dactdb", backend, dtype, activation, fmt, shape)
-    dy, x = inputs(rng, shape, dtype)
+    dy, x = inputs(rng, shape, dtype, activation)
     scale = F32(fp8.as_format(fmt).max / 4000.0)
     t, db = fk.dact_cast_transpose(to_backend(dy, backend), to_backend(x, backend), activation=activation,
                                    fmt=fmt, scale=float(scale), dbias=True)
+    assert tuple(db.shape) == (x.shape[-1],)
     check(t, dy, x, activation, fmt, scale, db=db)
 
 
 @pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
-@pytest.mark.parametrize("activation", ["gelu", "squared_relu"])
+@pytest.mark.parametrize("activation", ["gelu", "squared_relu", "swiglu", "reglu"])
 @pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_2_scales=True)],
                          ids=["plain", "pow2"])
 @pytest.mark.parametrize("shape", [(67, 256), (33, 100)], ids=str)
 def test_dact_cast_transpose_current(backend, activation, recipe, shape):
-    """Current scaling: a first pass takes the amax of g, the cast derives the scale from it."""
+    """Current scaling: a first pass takes the amax of g (fp8_dact_values, fp8_dgated_values), the cast
+    derives the scale from it."""
     skip_unsupported(backend, "float32")
     rng = rng_for("dactc", backend, activation, repr(recipe), shape)
-    dy, x = inputs(rng, shape, "float32")
+    dy, x = inputs(rng, shape, "float32", activation)
     t, db = fk.dact_cast_transpose(to_backend(dy, backend), to_backend(x, backend), activation=activation,
                                    recipe=recipe, dbias=True)
     check(t, dy, x, activation, "e5m2", None, current=recipe, db=db)
 
 
-def test_gelu_is_the_tanh_form():
-    rng = rng_for("dactgelu")
-    dy, x = inputs(rng, (9, 24), "float32")
-    a = fk.dact_cast_transpose(dy, x, activation="gelu", scale=4.0)
-    b = fk.dact_cast_transpose(dy, x, activation="gelu_tanh", scale=4.0)
-    c = fk.dact_cast_transpose(dy, x, activation="gelu_erf", scale=4.0)
+@pytest.mark.parametrize("names", [("gelu", "gelu_tanh", "gelu_erf"), ("geglu", "geglu_tanh", "geglu_erf")],
+                         ids=["gelu", "geglu"])
+def test_default_is_the_tanh_form(names):
+    """"gelu" / "geglu" are the tanh forms (as Transformer Engine's dgelu / dgeglu)."""
+    default, tanh, erf = names
+    dy, x = inputs(rng_for("dactgelu", default), (9, 24), "float32", default)
+    a, b, c = (fk.dact_cast_transpose(dy, x, activation=k, scale=4.0) for k in names)
     np.testing.assert_array_equal(a.data, b.data)
     assert not np.array_equal(a.data, c.data)
 

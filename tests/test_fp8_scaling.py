@@ -24,6 +24,13 @@ def _state(rng, L, n):
     return h, scale
 
 
+def _step(h, scale, L, algo, margin, fmax):
+    """The recipe and the reference's step: (recipe, new history, new scale)."""
+    recipe = fp8.DelayedScaling(margin=margin, amax_history_len=L, amax_compute_algo=algo)
+    want_h, amax = fp8.update_amax_history(h, algo)
+    return recipe, want_h, fp8.delayed_scale(amax, scale, fmax, margin)
+
+
 @pytest.mark.parametrize("backend", backend_params(["numpy", "cupy", "torch"]))
 @pytest.mark.parametrize("L", [1, 2, 16, 1024])
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
@@ -34,9 +41,7 @@ def test_update_scales_matches_reference(backend, L, algo, margin):
     rng = rng_for("upd", backend, L, algo, margin)
     n = 300
     h, scale = _state(rng, L, n)
-    recipe = fp8.DelayedScaling(margin=margin, amax_history_len=L, amax_compute_algo=algo)
-    want_h, amax = fp8.update_amax_history(h, algo)
-    want_s = fp8.delayed_scale(amax, scale, 448.0, margin)
+    recipe, want_h, want_s = _step(h, scale, L, algo, margin, 448.0)
     H, S, SI = (to_backend(a.copy(), backend) for a in (h, scale, np.zeros(n, F32)))
     fp8.update_scales(H, S, SI, recipe=recipe, fmt="e4m3")
     np.testing.assert_array_equal(to_numpy(H).view(np.uint32), want_h.view(np.uint32))
@@ -66,9 +71,7 @@ def test_update_scales_jax(jit, L, algo, margin):
     rng = rng_for("updjax", jit, L, algo, margin)
     n = 40
     h, scale = _state(rng, L, n)
-    recipe = fp8.DelayedScaling(margin=margin, amax_history_len=L, amax_compute_algo=algo)
-    want_h, amax = fp8.update_amax_history(h, algo)
-    want_s = fp8.delayed_scale(amax, scale, 57344.0, margin)
+    recipe, want_h, want_s = _step(h, scale, L, algo, margin, 57344.0)
     H, S, SI = jnp.asarray(h), jnp.asarray(scale), jnp.zeros(n, jnp.float32)
 
     def step(H, S, SI):
