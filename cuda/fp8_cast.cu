@@ -43,8 +43,8 @@
 // g = [dy * b * act'(a) | dy * act(a)] for x = [a | b] of N = 2H columns and dy of H, each thread's 8
 // columns in one half, b loaded for the first half only: Transformer Engine's dswiglu / dgeglu
 // cast-transpose; ACT = kGatedPaired + inner, an experiment: the grid covers dy's H columns and each
-// thread writes both output sub-tiles, columns c and H + c, from one load of a, b and dy). The 64 x 64 kernel above moved every byte through
-// shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
+// thread writes both output sub-tiles, columns c and H + c, from one load of a, b and dy). The 64 x 64
+// kernel above moved every byte through shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
 // loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
 //   Thread mapping: a block of 256 threads owns a 128 x 128 tile (one tile per block; with SUMS and a
@@ -751,7 +751,8 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   const int tcol = (warp >> 2) * 64 + (lane & 7) * 8;
   constexpr bool PAIRED = ACT >= kGatedPaired;
   const int c0 = blockIdx.x * kFtTile + tcol;  // PAIRED: a column of dy (the grid covers H = N / 2)
-  const int ncols = min(8, (PAIRED ? N >> 1 : N) - c0);  // <= 0: no columns here (the thread still joins the reductions)
+  // <= 0: no columns here (the thread still joins the reductions)
+  const int ncols = min(8, (PAIRED ? N >> 1 : N) - c0);
   const int tw = (M & 7) == 0 ? 8 : (M & 3) == 0 ? 4 : (M & 1) == 0 ? 2 : 1;  // out_t row alignment
   const long long m_tiles = (M + kFtTile - 1) / kFtTile;
   constexpr bool GATED = ACT >= kGated;

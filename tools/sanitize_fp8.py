@@ -1,6 +1,6 @@
 """Small calls covering every FP8 kernel (per-tensor quantize delayed/current, cast-transpose with and
-without vector paths, cast_transpose_dbias, dact_cast_transpose (plain and gated), MXFP8 row- and column-wise, 1x128 and
-128x128 blocks, the scale update, dequantize of each mode) and the activation kernels (forward, FP8
+without vector paths, cast_transpose_dbias, dact_cast_transpose (plain and gated), MXFP8 row- and
+column-wise, 1x128 and 128x128 blocks, the scale update, dequantize of each mode) and the activation kernels (forward, FP8
 forward, backward; gated and not) for compute-sanitizer memcheck / racecheck. Exits non-zero on a result
 that differs from the CPU reference (activations: beyond a loose tolerance)."""
 import cupy
