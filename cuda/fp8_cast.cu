@@ -891,10 +891,16 @@ __global__ void __launch_bounds__(256)
 fp8_dgated_values(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ amax_out,
                   float* __restrict__ g_out, long long M, int H) {
   const long long nvec = M * H / VEC, stride = (long long)gridDim.x * blockDim.x;
+  // the walk keeps its (row, column) and steps by the stride's (rows, columns): two divisions per
+  // thread, none per vector (a 64-bit division is a ~70-instruction call)
+  const long long v0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long step_r = stride * VEC / H;
+  const int step_c = (int)(stride * VEC - step_r * H);
+  long long r = v0 * VEC / H;
+  int c = (int)(v0 * VEC - r * H);
   float m = 0.f;
-  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-    const long long r = v * VEC / H;
-    const int c = (int)(v * VEC - r * H);
+  for (long long v = v0; v < nvec; v += stride, r += step_r, c += step_c) {
+    if (c >= H) c -= H, ++r;
     const long long xa = r * 2 * H + c;  // a at xa, b at xa + H; g's first half at xa, second at xa + H
     const Vec<T, VEC> a = load_vec<T, VEC>(x + xa);
     const Vec<T, VEC> bg = load_vec<T, VEC>(x + xa + H);

@@ -9,7 +9,7 @@ Rounds are interleaved (every variant of a shape timed once per round, each keep
 the quantize call cache is cleared between variants, since its plans hold the launcher and the grid.
 Prints fractions of copy, writes JSON to argv[1].
 
-    PYTHONPATH=. python3 tools/ab_unroll.py $OUT/ab_unroll.json [--rounds 3]
+    PYTHONPATH=. python3 tools/ab_unroll.py $OUT/ab_unroll.json [--rounds 3] [--ops fp8_dequantize,...]
 """
 import argparse
 import json
@@ -33,12 +33,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ops", default="", help="comma-separated subset of OPS (default: all)")
     args = p.parse_args()
+    ops = {op: OPS[op] for op in (args.ops.split(",") if args.ops else OPS)}
     timer = GpuTimer(torch)
     copy = copy_gbps(torch, timer)
     rows = []
     for M, N in FP8_SHAPES:
-        for op, (knob, values) in OPS.items():
+        for op, (knob, values) in ops.items():
             make = (_fp8_block_impls if op.startswith("fp8_quantize_block") or "mxfp8" in op
                     else _fp8_grad_impls if "cast_transpose" in op else _fp8_impls)
             impls = make(torch, op, M, N, torch.bfloat16)

@@ -143,8 +143,9 @@ if has gemmrepeat; then  # run-to-run spread of the FP8 GEMM vs cuBLASLt, with t
   kill $smi 2>/dev/null
 fi
 if has fp8sweep; then timeout $(left 200) python3 tools/sweep_fp8_grid.py "$OUT/sweep_fp8_grid.json" > "$OUT/sweep_fp8_grid.log" 2>&1; echo "fp8sweep rc=$?" >> "$OUT/sweep_fp8_grid.log"; fi
-if has abunroll; then  # the FP8 casts' walks (quantize, dequantize, block-scaled), interleaved rounds (tools/ab_unroll.py)
-  timeout $(left 240) python3 tools/ab_unroll.py "$OUT/ab_unroll.json" --rounds 3 > "$OUT/ab_unroll.log" 2>&1; echo "abunroll rc=$?" >> "$OUT/ab_unroll.log"
+if has abunroll; then  # the FP8 casts' walks (quantize, dequantize, block-scaled), interleaved rounds (tools/ab_unroll.py;
+  # AB_UNROLL_OPS=op,op keeps some of its ops)
+  timeout $(left 240) python3 tools/ab_unroll.py "$OUT/ab_unroll.json" --rounds 3 ${AB_UNROLL_OPS:+--ops "$AB_UNROLL_OPS"} > "$OUT/ab_unroll.log" 2>&1; echo "abunroll rc=$?" >> "$OUT/ab_unroll.log"
 fi
 if has abflush; then  # the share of the ratios the benchmark's dirty-L2 flush takes (tools/ab_flush.py)
   timeout $(left 200) python3 tools/ab_flush.py "$OUT/ab_flush.json" > "$OUT/ab_flush.log" 2>&1; echo "abflush rc=$?" >> "$OUT/ab_flush.log"
