@@ -42,8 +42,9 @@
 // ACT from common/act.cuh; ACT = -1 casts x itself; ACT = kGated + inner: a gated activation's backward,
 // g = [dy * b * act'(a) | dy * act(a)] for x = [a | b] of N = 2H columns and dy of H, each thread's 8
 // columns in one half, b loaded for the first half only: Transformer Engine's dswiglu / dgeglu
-// cast-transpose; ACT = kGatedPaired + inner, an experiment: the grid covers dy's H columns and each
-// thread writes both output sub-tiles, columns c and H + c, from one load of a, b and dy). The 64 x 64
+// cast-transpose with dbias; ACT = kGatedPaired + inner, the same without dbias: the grid covers dy's H
+// columns and each thread writes both output sub-tiles, columns c and H + c, from one load of a, b and
+// dy: 6MH bytes read instead of 8MH, 0.80 -> 0.95 of copy on the H100, ab_unroll_2026-12-06T0805Z). The 64 x 64
 // kernel above moved every byte through shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
 // loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
@@ -586,8 +587,8 @@ __device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncol
 
 // ACT >= kGated: the gated activation of inner ACT % kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
 // x = [a | b] (halves of the last dim): y = act(a) * b, so dx = [dy * b * act'(a) | dy * act(a)].
-// ACT >= kGatedPaired (experiment, cuda_fp8.DGATED_PAIRED): fp8_ct_tile's blocks cover the H columns
-// of dy and write both output halves (see there).
+// ACT >= kGatedPaired (the gated casts without dbias): fp8_ct_tile's blocks cover the H columns of dy
+// and write both output halves (see there).
 constexpr int kGated = 16;
 constexpr int kGatedPaired = 32;
 
@@ -697,16 +698,12 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // chunk (row / 8, column c) sits at chunk (row / 8) ^ ((c >> 1) & 15) of tile column c: 16 distinct
 // chunks among a warp's 32 lanes on the way in, a row's 16 chunks on distinct bank pairs on the way out.
 // Tiles at the tensor's edges (or out_t rows not 8-byte aligned) keep the direct stores, and so do the
-// SUMS instantiations (dbias, dact): with the shared tile ptxas spilled 4-32 bytes in six of them.
+// dact instantiations (ptxas spilled 4-12 bytes with the shared tile even at 2 blocks per SM).
+// cast_transpose_dbias (SUMS, ACT < 0) takes the shared tile at 2 blocks per SM instead of 3 (no
+// spills): 0.841 / 0.843 / 0.882 -> 0.860 / 0.864 / 0.882 of copy on the H100 (3 rounds,
+// ab_nvrtc_options_2026-12-06T0805Z).
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
-#endif
-// Experiment (0 = shipped): the same shared-memory transposed stores for cast_transpose_dbias (SUMS,
-// ACT < 0) at 2 blocks per SM instead of 3 (no spills there; the dact instantiations spilled 4-12 bytes
-// with it even at 2 and keep the direct stores). A/B: AB_OPTIONS="-DFK_CT_SMEM_T_SUMS=1" AB_OPS=dbias
-// tools/ab_nvrtc_options.py.
-#ifndef FK_CT_SMEM_T_SUMS
-#define FK_CT_SMEM_T_SUMS 0
 #endif
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
@@ -733,7 +730,7 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads,
-                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? (FK_CT_SMEM_T_SUMS ? 2 : 3) : 4)
+                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 2 : 4)
                                   : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
@@ -825,8 +822,8 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
     }
     unsigned tlo[8], thi[8];  // transposed: column j of the sub-tile, rows 0-3 (tlo) and 4-7 (thi)
     ct_transpose8(lo, hi, tlo, thi);
-    // the plain cast (with SUMS, ptxas spilled under the caps: FK_CT_SMEM_T_SUMS tries dbias at 2 blocks)
-    if constexpr (FK_CT_SMEM_T && (!SUMS || (FK_CT_SMEM_T_SUMS && ACT < 0)) && !PAIRED && VEC == 8) {
+    // the plain cast and cast_transpose_dbias (the dact ones spilled with it)
+    if constexpr (FK_CT_SMEM_T && ACT < 0 && VEC == 8) {
       __shared__ uint2 tsm[kFtTile][kFtTile / 8];  // [tile column][swizzled row chunk]: 16 KB
       const long long tr0 = by * kFtTile;
       const int tc0 = blockIdx.x * kFtTile;

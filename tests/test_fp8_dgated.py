@@ -3,8 +3,8 @@ Engine's dswiglu / dgeglu / dreglu cast-transposes): x = [a | b] along its last 
 g = [dy * b * act'(a) | dy * act(a)] cast to FP8 row-wise and transposed. tests/test_fp8_dact.py runs
 its delayed, dbias and current-scaling tests on the gated kinds too (and GeGLU's tanh default); here
 what is theirs alone: the reference against the activation backward, the shape checks, misaligned
-views and the paired-block experiment (cuda_fp8.DGATED_PAIRED). Same criteria (ReGLU exact, the others
-within one FP8 code)."""
+views and the two block layouts at partial strips and row tiles (paired blocks without dbias, per-half
+blocks with it). Same criteria (ReGLU exact, the others within one FP8 code)."""
 import numpy as np
 import pytest
 
@@ -52,12 +52,11 @@ def test_bad_input():
 @pytest.mark.parametrize("activation", GATED)
 @pytest.mark.parametrize("scaling", ["delayed", "current", "dbias"])
 @pytest.mark.parametrize("shape", [(3, 5, 24), (130, 72), (136, 264), (257, 256)], ids=str)
-def test_paired_blocks_match_reference(monkeypatch, backend, dtype, activation, scaling, shape):
-    """The paired-block experiment (cuda_fp8.DGATED_PAIRED: a block covers 128 columns of dy and writes
-    both output halves) against the reference; with dbias the shipped blocks run instead."""
-    from fusedkit.backends import cuda_fp8
+def test_gated_blocks_match_reference(backend, dtype, activation, scaling, shape):
+    """Both block layouts against the reference: without dbias the paired blocks (a block covers 128
+    columns of dy and writes both output halves), with dbias the per-half blocks; shapes with partial
+    strips (H = 24, 72, 264) and partial row tiles (M = 15, 130, 136, 257)."""
     skip_unsupported(backend, dtype)
-    monkeypatch.setattr(cuda_fp8, "DGATED_PAIRED", 1)
     rng = rng_for("dgatedpair", backend, dtype, activation, scaling, shape)
     dy, x = gated_inputs(rng, shape, dtype)
     scale = None if scaling == "current" else F32(57344.0 / 4000.0)

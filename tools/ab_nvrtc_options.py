@@ -78,7 +78,7 @@ def cases():
         # current scaling: the amax pass, then the cast (5MN; FK_AMAX_REVERSE's A/B)
         out.append((f"fp8_quantize_current {M}x{N}", 5 * M * N, lambda x=x: fk.quantize(x, fmt="e4m3")))
         out.append((f"fp8_cast_transpose_current {M}x{N}", 6 * M * N, lambda x=x: fk.cast_transpose(x, fmt="e4m3")))
-        # with the bias gradient (E5M2; FK_CT_SMEM_T_SUMS's A/B)
+        # with the bias gradient (E5M2)
         out.append((f"fp8_cast_transpose_dbias {M}x{N}", 4 * M * N,
                     lambda x=x: fk.cast_transpose_dbias(x, fmt="e5m2", scale=scale)))
     for M, N in FP8_SHAPES:

@@ -97,13 +97,11 @@ def is_gated(act) -> bool:
     return act >= GATED
 
 
-# Experiment (0 = off, the shipped kernel): the gated cast-transposes without dbias through fp8_ct_tile's
-# paired blocks (ACT = GATED_PAIRED + inner: a block covers 128 columns of dy and writes both output
-# halves, so a, b and dy are read once, 6MH for 2-byte input, against the shipped blocks' second read of
-# a and dy by the second half's blocks). Shipped: 0.80 / 0.80 / 0.82 of copy (H100, 2026-12-06).
-# Prediction: 0.85-0.90. FUSEDKIT_DGATED_PAIRED=1 turns it on.
+# The gated cast-transposes without dbias go through fp8_ct_tile's paired blocks (ACT = GATED_PAIRED +
+# inner: a block covers 128 columns of dy and writes both output halves, so a, b and dy are read once,
+# 6MH for 2-byte input; the per-half blocks, which dbias keeps, read a and dy twice): 0.80 -> 0.95 of
+# copy (H100, 2026-12-06, tools/ab_unroll.py before the switch).
 GATED_PAIRED = 32
-DGATED_PAIRED = int(os.environ.get("FUSEDKIT_DGATED_PAIRED") or "0")
 
 
 def ct_tile_expr(x_dt, fmt, act, sums, vec) -> str:
@@ -202,7 +200,7 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
                 _dact_values(x, dy, amax_in, 0, M, N, x_dt, act, sp, device)
         sums = with_dbias or act >= 0
     grid = ct_grid(M, N, with_dbias)
-    if act >= 0 and is_gated(act) and DGATED_PAIRED and not with_dbias:  # vec 8 here (else g went to fp32)
+    if act >= 0 and is_gated(act) and not with_dbias:  # vec 8 here (else g went to fp32)
         act, grid = act - GATED + GATED_PAIRED, ct_grid(M, N // 2, False)
     fn = launcher(FILE, ct_tile_expr(x_dt, fmt, act, sums, vec), "ppppppppppppqifi", device)
     fn(grid, (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,
@@ -331,7 +329,7 @@ def all_expressions():
                 exprs.add(ct_tile_expr(x_dt, fmt, -1, True, vec))
             for act in sorted(set(DACT_ID.values())):
                 exprs.add(ct_tile_expr(x_dt, fmt, act, True, 8))  # dact_cast_transpose (+ dbias)
-                if is_gated(act):  # the paired experiment (DGATED_PAIRED)
+                if is_gated(act):  # without dbias: the paired blocks
                     exprs.add(ct_tile_expr(x_dt, fmt, act - GATED + GATED_PAIRED, True, 8))
             for cvec in (1, 8 // ITEMSIZE[x_dt]):
                 exprs.add(mx_cols_expr(x_dt, fmt, cvec))
