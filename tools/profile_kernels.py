@@ -9,6 +9,7 @@ Cases (bf16, 2^27 elements, the benchmark shapes; name them as arguments to run 
   rms8192         RMSNorm forward at 16384 x 8192, fusedkit and torch.compile (0.95x on the H200)
   norm_fwd_fp8    the same with E4M3 output (0.75-0.83: the gap to explain)
   rms_fwd_fp8     RMSNorm with E4M3 output at 32768 x 4096 (0.82-0.88: same bytes, one row sum and no bias)
+  fp8_8192        LayerNorm -> FP8, RMSNorm -> FP8, plain LayerNorm at 16384 x 8192 (0.87 / 0.93 / 0.97)
   norm_bwd        LayerNorm backward at 8192 x 16384 (fwd+bwd 0.71)
   norm_bwd_1024 / norm_bwd_4096 / rms_bwd_4096
                   LayerNorm / RMSNorm backward at 131072 x 1024 and 32768 x 4096 (fwd+bwd 0.81-0.85)
@@ -80,6 +81,16 @@ def case_rms_fwd_fp8():
     from fusedkit.bench import norm_fp8_inputs
     x, w, _, s = norm_fp8_inputs(torch, 32768, 4096, torch.bfloat16)
     return lambda: fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=s)
+
+
+def case_fp8_8192():
+    """LayerNorm -> FP8, RMSNorm -> FP8 and the plain LayerNorm forward at 16384 x 8192 (H100: 0.866 /
+    0.933 / 0.969 of copy, 2026-12-06): what LayerNorm's second row sum costs the FP8 kernel."""
+    import torch
+    from fusedkit.bench import norm_fp8_inputs
+    x, w, b, s = norm_fp8_inputs(torch, 16384, 8192, torch.bfloat16)
+    return lambda: (fk.layer_norm(x, w, b, fp8_fmt="e4m3", fp8_scale=s), fk.rms_norm(x, w, fp8_fmt="e4m3", fp8_scale=s),
+                    fk.layer_norm(x, w, b))
 
 
 def case_norm_bwd():
