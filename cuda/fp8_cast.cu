@@ -44,9 +44,10 @@
 // columns in one half, b loaded for the first half only: Transformer Engine's dswiglu / dgeglu
 // cast-transpose with dbias; ACT = kGatedPaired + inner, the same without dbias: the grid covers dy's H
 // columns and each thread writes both output sub-tiles, columns c and H + c, from one load of a, b and
-// dy: 6MH bytes read instead of 8MH, 0.80 -> 0.95 of copy on the H100, ab_unroll_2026-12-06T0805Z). The 64 x 64
-// kernel above moved every byte through shared memory one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of
-// loads in flight per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
+// dy: 6MH bytes read instead of 8MH, 0.80 -> 0.95 of copy on the H100,
+// ab_unroll_H100_2026-12-06T0803Z). The 64 x 64 kernel above moved every byte through shared memory
+// one at a time (8 STS.U8 + 8 LDS.U8 per 16 input bytes, a barrier per tile, 32 B of loads in flight
+// per thread) and reached 0.69-0.71 of copy on the H200. Here no data goes through
 // shared memory:
 //   Thread mapping: a block of 256 threads owns a 128 x 128 tile (one tile per block; with SUMS and a
 //   dbias, 4 tiles down the rows, stride gridDim.y, so the partial sums stay few). A grid of 1-4 waves
@@ -701,7 +702,7 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // dact instantiations (ptxas spilled 4-12 bytes with the shared tile even at 2 blocks per SM).
 // cast_transpose_dbias (SUMS, ACT < 0) takes the shared tile at 2 blocks per SM instead of 3 (no
 // spills): 0.841 / 0.843 / 0.882 -> 0.860 / 0.864 / 0.882 of copy on the H100 (3 rounds,
-// ab_nvrtc_options_2026-12-06T0805Z).
+// ab_nvrtc_options_H100_2026-12-06T0803Z).
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif

@@ -76,10 +76,12 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 1
 #endif
-// Experiment (1 = shipped): how many of the block's row groups ahead PREFETCH asks the L2 for (2: the
-// group after next as well, for the 8 KB groups at 4096 where one group ahead cost 1 %; untested).
-#ifndef FK_FP8_FWD_PREFETCH_AHEAD
-#define FK_FP8_FWD_PREFETCH_AHEAD 1
+// Experiment (0 = shipped): LayerNorm's forward statistics with one block barrier instead of two where
+// the config fills the row exactly (normalize_row). Prediction: LayerNorm -> FP8 at 16384 x 8192
+// (0.87 of copy on the H100, RMSNorm 0.93 with the same bytes and config) +2-4 points; the plain
+// forward (0.97) unchanged. A/B: AB_OPTIONS="-DFK_LN_ONE_BARRIER=1" AB_OPS=layer_norm AB_NUMERICS=1.
+#ifndef FK_LN_ONE_BARRIER
+#define FK_LN_ONE_BARRIER 0
 #endif
 // Experiment (0 = shipped): FK_LDG_COHERENT = 1 loads the row (x, residual) of the plain and FP8 forwards
 // with plain ld.global.v4 (common/vec.cuh load_vec_coherent) instead of the read-only ld.global.nc the
@@ -258,27 +260,50 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   const float inv_n = 1.f / (float)N;
   // LayerNorm: exact two-pass statistics from registers (mean, then sum((x - mean)^2)). A one-round
   // Chan/Welford merge across the row was measured 20-40% slower (sweep 1601Z): its merges are serial.
-  float mean = 0.f;
-  if constexpr (!RMS) {
+  // FK_LN_ONE_BARRIER (rows the config fills exactly): each thread's two-pass (mean, M2) over its own
+  // elements, merged across the row with one barrier (common/reduce.cuh row_mean_m2_equal).
+  float mean = 0.f, rstd;
+  if constexpr (!RMS && FK_LN_ONE_BARRIER && FULL && FK_FULL_ROWS) {
+    constexpr int PER_THREAD = ITEMS * VEC;
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
-    mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
-  }
-  float ss = 0.f;
+    const float local_mean = s * (1.f / PER_THREAD);
+    float q = 0.f;
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
+    for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = vec_elem(raw[i], j) - mean;
-        ss += d * d;
+        const float d = vec_elem(raw[i], j) - local_mean;
+        q += d * d;
+      }
+    const float2 mq = row_mean_m2_equal<WARPS>(local_mean, q, (float)PER_THREAD, parity);
+    mean = mq.x;
+    rstd = rsqrtf(mq.y * inv_n + eps);
+  } else {
+    if constexpr (!RMS) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
+      mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = vec_elem(raw[i], j) - mean;
+          ss += d * d;
+        }
       }
     }
+    rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   }
-  const float rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   if (!row_ok) return;
   if (threadIdx.x == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;
@@ -368,8 +393,8 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
       // one is loaded, reduced twice and written, so its loads wait for L2 rather than DRAM. A/B 2110Z
       // (3 interleaved rounds): LayerNorm -> FP8 0.839 / 0.806 / 0.770 -> 0.848 / 0.835 / 0.840 of copy
       // at 4096 / 8192 / 14336; RMSNorm -> FP8 lost 0-7 % with it (one row sum: less to hide) and
-      // goes without.
-      constexpr int AHEAD = FK_FP8_FWD_PREFETCH_AHEAD;
+      // goes without. Two groups ahead lost 14-15 points (H100 2026-12-06, 3 rounds: 0.868 -> 0.731 at
+      // 8192, 0.900 -> 0.750 at 14336; ab_nvrtc_options_H100_2026-12-06T0818Z.json).
       const auto prefetch_rows = [&](long long r0) {  // the row group starting at row r0
         const unsigned bytes = (unsigned)((M - r0 < RPB ? M - r0 : RPB) * N * (long long)sizeof(T));
         if (((reinterpret_cast<unsigned long long>(x) | (unsigned long long)N * sizeof(T)) & 15) == 0) {
@@ -378,13 +403,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
             bulk_prefetch_l2(residual + r0 * N, bytes);
         }
       };
-      if constexpr (AHEAD > 1) {  // the first iteration also asks for the groups in between
-        if (tid == 0 && g == (int)blockIdx.x)
-          for (int k = 1; k < AHEAD; ++k)
-            if (g + k * (int)gridDim.x < groups) prefetch_rows((long long)(g + k * gridDim.x) * RPB);
-      }
-      if (tid == 0 && g + AHEAD * (int)gridDim.x < groups)
-        prefetch_rows((long long)(g + AHEAD * gridDim.x) * RPB);
+      if (tid == 0 && g + (int)gridDim.x < groups) prefetch_rows((long long)(g + gridDim.x) * RPB);
     }
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
