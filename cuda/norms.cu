@@ -76,13 +76,6 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 1
 #endif
-// Experiment (0 = shipped): LayerNorm's forward statistics with one block barrier instead of two where
-// the config fills the row exactly (normalize_row). Prediction: LayerNorm -> FP8 at 16384 x 8192
-// (0.87 of copy on the H100, RMSNorm 0.93 with the same bytes and config) +2-4 points; the plain
-// forward (0.97) unchanged. A/B: AB_OPTIONS="-DFK_LN_ONE_BARRIER=1" AB_OPS=layer_norm AB_NUMERICS=1.
-#ifndef FK_LN_ONE_BARRIER
-#define FK_LN_ONE_BARRIER 0
-#endif
 // Experiment (0 = shipped): FK_LDG_COHERENT = 1 loads the row (x, residual) of the plain and FP8 forwards
 // with plain ld.global.v4 (common/vec.cuh load_vec_coherent) instead of the read-only ld.global.nc the
 // compiler picks for const __restrict__ inputs (the weights keep it). Triton's kernels load that way:
@@ -260,50 +253,30 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   const float inv_n = 1.f / (float)N;
   // LayerNorm: exact two-pass statistics from registers (mean, then sum((x - mean)^2)). A one-round
   // Chan/Welford merge across the row was measured 20-40% slower (sweep 1601Z): its merges are serial.
-  // FK_LN_ONE_BARRIER (rows the config fills exactly): each thread's two-pass (mean, M2) over its own
-  // elements, merged across the row with one barrier (common/reduce.cuh row_mean_m2_equal).
-  float mean = 0.f, rstd;
-  if constexpr (!RMS && FK_LN_ONE_BARRIER && FULL && FK_FULL_ROWS) {
-    constexpr int PER_THREAD = ITEMS * VEC;
+  // Per-thread two-pass states merged across the row with one barrier (Chan, equal counts) lost 1-3.5
+  // points on the FP8 forward and tied on the plain one (H100, ab_nvrtc_options_H100_2026-12-06T0835Z):
+  // the second barrier is not what the FP8 LayerNorm waits on.
+  float mean = 0.f;
+  if constexpr (!RMS) {
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
-    const float local_mean = s * (1.f / PER_THREAD);
-    float q = 0.f;
+    mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
+  }
+  float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
+  for (int i = 0; i < ITEMS; ++i) {
+    if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float d = vec_elem(raw[i], j) - local_mean;
-        q += d * d;
-      }
-    const float2 mq = row_mean_m2_equal<WARPS>(local_mean, q, (float)PER_THREAD, parity);
-    mean = mq.x;
-    rstd = rsqrtf(mq.y * inv_n + eps);
-  } else {
-    if constexpr (!RMS) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
-      mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = vec_elem(raw[i], j) - mean;
-          ss += d * d;
-        }
+        const float d = vec_elem(raw[i], j) - mean;
+        ss += d * d;
       }
     }
-    rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   }
+  const float rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   if (!row_ok) return;
   if (threadIdx.x == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;

@@ -69,52 +69,6 @@ __device__ __forceinline__ float2 row_sum2_alternating(float a, float b, int fli
   }
 }
 
-// Mean and M2 (the sum of squared deviations from the mean) of the 32 * WARPS threads of this thread's
-// row from each thread's own (mean, M2) over n elements, n the same for every thread: Chan's pairwise
-// merge, which for two halves of c elements each is mean = (ma + mb) / 2, M2 = M2a + M2b + (mb - ma)^2
-// c / 2 (five shuffle levels, written so both lanes of a pair round alike), then the warps' states
-// through shared memory with one block barrier (alternating buffers, as row_sum_alternating):
-// mean = the mean of the warps' means, M2 = sum M2_w + 32 n sum (mean_w - mean)^2. LayerNorm's
-// statistics with one barrier instead of two (FK_LN_ONE_BARRIER in norms.cu).
-template <int WARPS>
-__device__ __forceinline__ float2 row_mean_m2_equal(float mean, float m2, float n, int& parity) {
-  float c = n;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float mo = __shfl_xor_sync(0xffffffffu, mean, off);
-    const float qo = __shfl_xor_sync(0xffffffffu, m2, off);
-    const float d = mo - mean;
-    m2 = (m2 + qo) + d * (d * (0.5f * c));
-    mean = 0.5f * (mean + mo);
-    c *= 2.f;
-  }
-  if constexpr (WARPS == 1) {
-    return make_float2(mean, m2);
-  } else {
-    __shared__ float2 partial_mq[2][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int base = threadIdx.y * WARPS;
-    if (lane == 0) partial_mq[parity][base + warp] = make_float2(mean, m2);
-    __syncthreads();
-    float ms = 0.f, qs = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) {
-      const float2 t = partial_mq[parity][base + i];
-      ms += t.x;
-      qs += t.y;
-    }
-    const float mu = ms * (1.f / WARPS);
-    float dev = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) {
-      const float d = partial_mq[parity][base + i].x - mu;
-      dev += d * d;
-    }
-    parity ^= 1;
-    return make_float2(mu, qs + dev * c);
-  }
-}
-
 // Chan's merge of two (count, mean, M2) Welford states: numerically stable variance in one pass.
 struct Welford {
   float n, mean, m2;
