@@ -1,8 +1,9 @@
 """A/B of the FP8 casts' walks, on the GPU, in one process: fp8_quantize (delayed and current scaling)
 under cuda_fp8.QUANT_UNROLL in QUANT (vectors per thread of the one-pass walk), fp8_dequantize under
 DEQUANT_UNROLL in DEQUANT (0: the row walk; U > 0: one pass, U vectors per thread), the block-scaled
-quantize (MXFP8, 1 x 128) under BLOCKS_UNROLL in BLOCKS (0: the grid-stride walk; U > 0: the flat one),
-at the benchmark's FP8 shapes (bf16 <-> E4M3 / E5M2), beside a device copy (and torch.compile's
+quantize (MXFP8, 1 x 128) under BLOCKS_UNROLL in BLOCKS (0: the grid-stride walk; U > 0: the flat one)
+and cast_transpose_dbias / dact_cast_transpose (GeLU, dbias) under DBIAS_TILES (128-row tiles per block, each block's partial sums one
+scratch row), at the benchmark's FP8 shapes (bf16 <-> E4M3 / E5M2), beside a device copy (and torch.compile's
 dequantize).
 Rounds are interleaved (every variant of a shape timed once per round, each keeps its fastest median);
 the quantize call cache is cleared between variants, since its plans hold the launcher and the grid.
@@ -17,14 +18,15 @@ import torch
 
 from fusedkit import _callcache, _registry
 from fusedkit.backends import cuda_fp8
-from fusedkit.bench import FP8_SHAPES, GpuTimer, _fp8_block_impls, _fp8_impls, copy_gbps, run_meta
+from fusedkit.bench import FP8_SHAPES, GpuTimer, _fp8_block_impls, _fp8_grad_impls, _fp8_impls, copy_gbps, run_meta
 
 QUANT = (2, 4)
 DEQUANT = (0, 2, 4)
 BLOCKS = (0, 2, 4)
 OPS = {"fp8_quantize_delayed": ("QUANT_UNROLL", QUANT), "fp8_quantize_current": ("QUANT_UNROLL", QUANT),
        "fp8_dequantize": ("DEQUANT_UNROLL", DEQUANT),
-       "fp8_quantize_mxfp8": ("BLOCKS_UNROLL", BLOCKS), "fp8_quantize_block_1x128": ("BLOCKS_UNROLL", BLOCKS)}
+       "fp8_quantize_mxfp8": ("BLOCKS_UNROLL", BLOCKS), "fp8_quantize_block_1x128": ("BLOCKS_UNROLL", BLOCKS),
+       "fp8_cast_transpose_dbias": ("DBIAS_TILES", (4, 1, 2, 8)), "fp8_dact_cast_transpose": ("DBIAS_TILES", (4, 1, 2, 8))}
 
 
 def main():
@@ -39,7 +41,8 @@ def main():
     rows = []
     for M, N in FP8_SHAPES:
         for op, (knob, values) in ops.items():
-            make = _fp8_block_impls if op.startswith("fp8_quantize_block") or "mxfp8" in op else _fp8_impls
+            make = (_fp8_block_impls if op.startswith("fp8_quantize_block") or "mxfp8" in op
+                    else _fp8_grad_impls if "cast_transpose" in op else _fp8_impls)
             impls = make(torch, op, M, N, torch.bfloat16)
             # torch.compile only beside dequantize (its compiles cost device time; the quantize ratios
             # to it are in the benchmark)
