@@ -23,10 +23,11 @@ from fusedkit.bench import FP8_SHAPES, GpuTimer, _fp8_block_impls, _fp8_grad_imp
 QUANT = (2, 4)
 DEQUANT = (0, 2, 4)
 BLOCKS = (0, 2, 4)
+DBIAS = (4, 8, 16, 32)
 OPS = {"fp8_quantize_delayed": ("QUANT_UNROLL", QUANT), "fp8_quantize_current": ("QUANT_UNROLL", QUANT),
        "fp8_dequantize": ("DEQUANT_UNROLL", DEQUANT),
        "fp8_quantize_mxfp8": ("BLOCKS_UNROLL", BLOCKS), "fp8_quantize_block_1x128": ("BLOCKS_UNROLL", BLOCKS),
-       "fp8_cast_transpose_dbias": ("DBIAS_TILES", (4, 1, 2, 8)), "fp8_dact_cast_transpose": ("DBIAS_TILES", (4, 1, 2, 8))}
+       "fp8_cast_transpose_dbias": ("DBIAS_TILES", DBIAS), "fp8_dact_cast_transpose": ("DBIAS_TILES", DBIAS)}
 
 
 def main():
