@@ -103,7 +103,8 @@ def finite_grad(rng, shape, dtype, fmax):
     return x.astype(rand(rng, (1,), dtype).dtype)
 
 
-DBIAS_SHAPES = [(0, 16), (1, 1), (7, 13), (64, 64), (130, 72), (257, 96), (3, 5, 40), (777, 100), (1100, 264)]
+DBIAS_SHAPES = [(0, 16), (1, 1), (7, 13), (64, 64), (130, 72), (257, 96), (3, 5, 40), (777, 100), (1100, 264),
+                (2100, 136)]
 
 
 @pytest.mark.parametrize("backend", backend_params(["numpy", "torch_cpu", "cupy", "torch"]))

@@ -81,7 +81,14 @@ def cast_transpose_expr(x_dt, fmt, vec, vt, current) -> str:
 
 CT_TILE = 64  # kCtTile in cuda/fp8_cast.cu (the fallback kernel)
 FT_TILE = 128  # kFtTile: the fast kernel's block tile (fp8_ct_tile)
-DBIAS_TILES = 4  # row tiles per block when fp8_ct_tile reduces dbias (partials: M / 512 rows)
+# Row tiles per block when fp8_ct_tile reduces dbias (partials: M / 1024 rows). 8 since the H100 A/B
+# of 2026-12-06 (tools/ab_unroll.py, 3 rounds; ab_dbias_tiles_H100_2026-12-06T0837Z / T0838Z.json):
+# fewer blocks, each summing more rows before its partial row and ticket, read 1 < 2 < 4 < 8 at every
+# shape (0.76 / 0.81 / 0.86 / 0.87 of copy at 32768 x 4096); 16 and 32 gained 0.2-0.8 points more at
+# 4096 / 8192 but lost 2-4 at 16384 x 14336 (a partial last wave of blocks). cast_transpose_dbias
+# 0.855 / 0.863 / 0.882 -> 0.872 / 0.877 / 0.890, dgelu + dbias 0.848 / 0.846 / 0.857 -> 0.864 /
+# 0.856 / 0.867.
+DBIAS_TILES = 8
 GRID_Y_MAX = 65535
 # activation name -> ACT of cuda/common/act.cuh (cuda_activations.ACT_ID); "gelu" is the tanh form, as
 # Transformer Engine's dgelu. Gated kinds: GATED + the inner activation's ACT (kGated in fp8_cast.cu);
