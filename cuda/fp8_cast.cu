@@ -706,6 +706,11 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
+// Experiment (2 = shipped): resident blocks per SM asked of ptxas for cast_transpose_dbias (16-bit input,
+// 16-byte loads). At 3, bf16 compiles to 80 registers without spills (fp16 spills 4 bytes); 2 gives 102.
+#ifndef FK_CT_SUMS_BLOCKS
+#define FK_CT_SUMS_BLOCKS 2
+#endif
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
 __device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],
@@ -731,7 +736,7 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads,
-                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 2 : 4)
+                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? FK_CT_SUMS_BLOCKS : 4)
                                   : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
