@@ -702,14 +702,10 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // dact instantiations (ptxas spilled 4-12 bytes with the shared tile even at 2 blocks per SM).
 // cast_transpose_dbias (SUMS, ACT < 0) takes the shared tile at 2 blocks per SM instead of 3 (no
 // spills): 0.841 / 0.843 / 0.882 -> 0.860 / 0.864 / 0.882 of copy on the H100 (3 rounds,
-// ab_nvrtc_options_H100_2026-12-06T0803Z).
+// ab_nvrtc_options_H100_2026-12-06T0803Z). 3 blocks per SM with the shared tile (bf16: 80 registers
+// against 102, no spills) lost up to 1.4 points (ab_ct_sums_blocks_H100_2026-12-06T0843Z.json).
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
-#endif
-// Experiment (2 = shipped): resident blocks per SM asked of ptxas for cast_transpose_dbias (16-bit input,
-// 16-byte loads). At 3, bf16 compiles to 80 registers without spills (fp16 spills 4 bytes); 2 gives 102.
-#ifndef FK_CT_SUMS_BLOCKS
-#define FK_CT_SUMS_BLOCKS 2
 #endif
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
@@ -736,7 +732,7 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads,
-                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? FK_CT_SUMS_BLOCKS : 4)
+                                  (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 2 : 4)
                                   : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
