@@ -4,7 +4,8 @@ Each variant is a set of FUSEDKIT_NVRTC_OPTIONS (AB_OPTIONS: ';'-separated, the 
 always included); between variants the in-memory kernel and launcher caches are dropped, so the next
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
-the benchmark's three shapes, with current scaling and with dbias too, the current-scaling quantize at the
+the benchmark's three shapes, with current scaling and with dbias too, dgelu + dbias (dact), the
+current-scaling quantize at the
 same shapes,
 the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
 at the three shapes, the plain LayerNorm forward at 32768 x 4096, 131072 x 1024 and 16384 x 8192 and the plain
@@ -81,6 +82,11 @@ def cases():
         # with the bias gradient (E5M2)
         out.append((f"fp8_cast_transpose_dbias {M}x{N}", 4 * M * N,
                     lambda x=x: fk.cast_transpose_dbias(x, fmt="e5m2", scale=scale)))
+        # dgelu + dbias (TE's dgelu_cast_transpose_dbias): dy and x read, two FP8 layouts written
+        dy = (torch.randn(M, N, device="cuda", generator=g)).to(torch.bfloat16)
+        out.append((f"fp8_dact_cast_transpose {M}x{N}", 6 * M * N,
+                    lambda x=x, dy=dy: fk.dact_cast_transpose(dy, x, activation="gelu", fmt="e5m2", scale=scale,
+                                                              dbias=True)))
     for M, N in FP8_SHAPES:
         xn, w, b, s8 = norm_fp8_inputs(torch, M, N, torch.bfloat16)
         out.append((f"layer_norm_fp8_fwd {M}x{N}", 3 * M * N,
