@@ -704,17 +704,9 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // spills): 0.841 / 0.843 / 0.882 -> 0.860 / 0.864 / 0.882 of copy on the H100 (3 rounds,
 // ab_nvrtc_options_H100_2026-12-06T0803Z). 3 blocks per SM with the shared tile (bf16: 80 registers
 // against 102, no spills) lost up to 1.4 points (ab_ct_sums_blocks_H100_2026-12-06T0843Z.json).
-// Experiment (2 and 8 = shipped): blocks per SM asked of ptxas and rows per load batch of the plain
-// activations' dact cast-transposes (16-bit input; GeLU-erf keeps its 4 rows). At 2 blocks they take
-// 113-128 registers (25 % occupancy, 0.86-0.87 of copy on the H100 with dbias); at 3 blocks (80
-// registers) 8 rows spill up to 60 bytes, 4 rows spill 24 in one kernel, 2 rows none. A/B:
-// AB_OPTIONS="-DFK_DACT_BLOCKS=3 -DFK_DACT_RB=4;-DFK_DACT_BLOCKS=3 -DFK_DACT_RB=2" AB_OPS=dact.
-#ifndef FK_DACT_BLOCKS
-#define FK_DACT_BLOCKS 2
-#endif
-#ifndef FK_DACT_RB
-#define FK_DACT_RB 8
-#endif
+// The dact ones likewise: at 3 blocks per SM (80 registers, 2 or 4 rows per load batch so nothing
+// spills) dgelu + dbias lost 4-7 points (0.864 -> 0.80; ab_dact_blocks_H100_2026-12-06T0845Z.json):
+// the rows in flight per thread matter more to them than the resident blocks.
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
@@ -744,8 +736,7 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 template <typename T, typename F, int ACT, bool SUMS, int VEC>
 __global__ void __launch_bounds__(kFtThreads,
                                   (ACT < 0 && sizeof(T) == 2 && VEC == 8) ? (SUMS ? 2 : 4)
-                                  : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1
-                                  : (ACT >= 0 && ACT < kGated && sizeof(T) == 2) ? FK_DACT_BLOCKS : 2)
+                                  : ((ACT >= kGated && sizeof(T) == 4) || ACT == kGatedPaired + GELU_ERF) ? 1 : 2)
 fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __restrict__ out,
             unsigned char* __restrict__ out_t, const float* __restrict__ scale_in,
             const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
@@ -771,7 +762,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   // spilled under the cap of 2 blocks per SM, and fp32 input at 1 row: that one gets 1 block per SM;
   // PAIRED holds two output sub-tiles: 2 rows (spilled at 4; GeGLU-erf at any: 1 block per SM for it))
   constexpr int RB = VEC == 1 ? 2 : ACT < 0 ? 8 : sizeof(T) == 4 ? 1 : (PAIRED || ACT == kGated + SILU) ? 2
-                   : (GATED || ACT == GELU_ERF) ? 4 : FK_DACT_RB;
+                   : (GATED || ACT == GELU_ERF) ? 4 : 8;
   // gated: the thread's 8 columns lie in one half (the host asks H % 8 == 0); a, b and dy column gc
   const int H = N >> 1;
   const bool first = !GATED || PAIRED || c0 < H;
