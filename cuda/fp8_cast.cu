@@ -340,6 +340,36 @@ __device__ __forceinline__ unsigned raw_bits(float v) { return __float_as_uint(v
 __device__ __forceinline__ unsigned raw_bits(bf16 v) { return v.bits; }
 __device__ __forceinline__ unsigned raw_bits(f16 v) { return v.bits; }
 
+// 8 elements of one row as a Raw8 (fp8_ct_tile: a row of the thread's 8 x 8 sub-tile; the 128 x 128
+// kernel's scalar path). For a row past M (row_ok false) fp8_ct_tile passes the sub-tile's first row
+// (so every load is in bounds); such rows and columns past ncols read as 0 (never stored, adding
+// nothing to amax or dbias). VEC = 8 (N % 8 == 0, 16-byte aligned input): 16-byte loads; VEC = 1:
+// predicated scalar loads, any N and alignment.
+template <typename T, int VEC>
+__device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncols) {
+  Raw8<T> r;
+  if constexpr (VEC == 8) {
+#pragma unroll
+    for (int l = 0; l < Raw8<T>::W / 4; ++l) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + l * (16 / sizeof(T)));
+      r.w[4 * l] = row_ok ? u.x : 0u;
+      r.w[4 * l + 1] = row_ok ? u.y : 0u;
+      r.w[4 * l + 2] = row_ok ? u.z : 0u;
+      r.w[4 * l + 3] = row_ok ? u.w : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < Raw8<T>::W; ++j) r.w[j] = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const unsigned v = (row_ok && j < ncols) ? raw_bits(p[j]) : 0u;  // a predicated load
+      if constexpr (sizeof(T) == 4) r.w[j] = v;
+      else r.w[j >> 1] |= (j & 1) ? (v << 16) : v;
+    }
+  }
+  return r;
+}
+
 template <typename T>
 __device__ __forceinline__ float raw_elem(const Raw8<T>& r, int j) {
   if constexpr (sizeof(T) == 4) {
@@ -394,15 +424,7 @@ fp8_quantize_blocks_2d(const T* __restrict__ x, unsigned char* __restrict__ out,
     if constexpr (VEC == 8) {  // K % 8 == 0: the 8 elements are all in the row or all past it
       a[p] = (r < M && c < K) ? *reinterpret_cast<const Raw8<T>*>(x + r * K + c) : Raw8<T>{};
     } else {
-      a[p] = Raw8<T>{};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (r < M && c + j < K) {
-          const unsigned v = raw_bits(x[r * K + c + j]);
-          if constexpr (sizeof(T) == 4) a[p].w[j] = v;
-          else a[p].w[j / 2] |= v << (16 * (j & 1));
-        }
-      }
+      a[p] = ct_load_row<T, 1>(x + r * K + c, r < M, K - c);
     }
   }
   unsigned acc = 0;
@@ -557,34 +579,6 @@ constexpr int kFtTile = 128;     // block tile: 128 rows x 128 columns
 constexpr int kFtThreads = 256;  // 8 warps, 4 (rows) x 2 (columns); a warp covers 32 rows x 64 columns
 constexpr int kNoAct = -1;       // ACT of the plain cast (g = x)
 
-// One row of the thread's 8 x 8 sub-tile. For a row past M (row_ok false) the caller passes the
-// sub-tile's first row (so every load is in bounds); such rows and columns past N read as 0 (never
-// stored, adding nothing to amax or dbias). VEC = 8 (N % 8 == 0, 16-byte aligned input): 16-byte loads;
-// VEC = 1: predicated scalar loads, any N and alignment.
-template <typename T, int VEC>
-__device__ __forceinline__ Raw8<T> ct_load_row(const T* p, bool row_ok, int ncols) {
-  Raw8<T> r;
-  if constexpr (VEC == 8) {
-#pragma unroll
-    for (int l = 0; l < Raw8<T>::W / 4; ++l) {
-      const uint4 u = *reinterpret_cast<const uint4*>(p + l * (16 / sizeof(T)));
-      r.w[4 * l] = row_ok ? u.x : 0u;
-      r.w[4 * l + 1] = row_ok ? u.y : 0u;
-      r.w[4 * l + 2] = row_ok ? u.z : 0u;
-      r.w[4 * l + 3] = row_ok ? u.w : 0u;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < Raw8<T>::W; ++j) r.w[j] = 0u;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const unsigned v = (row_ok && j < ncols) ? raw_bits(p[j]) : 0u;  // a predicated load
-      if constexpr (sizeof(T) == 4) r.w[j] = v;
-      else r.w[j >> 1] |= (j & 1) ? (v << 16) : v;
-    }
-  }
-  return r;
-}
 
 // ACT >= kGated: the gated activation of inner ACT % kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
 // x = [a | b] (halves of the last dim): y = act(a) * b, so dx = [dy * b * act'(a) | dy * act(a)].
