@@ -76,19 +76,6 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 1
 #endif
-// Experiment (1 = shipped): accumulators per thread for the forward's row sums (normalize_row). With one,
-// each sum is a chain of ITEMS x VEC dependent adds (32 at 8192: ~130 cycles per pass at 4 cycles
-// each). ncu of LayerNorm -> FP8 at 16384 x 8192 (H100, 2026-12-06): 44 % of issue slots busy, one
-// eligible warp per scheduler, 50 % occupancy: latency-bound phases, not issue. Prediction with 4:
-// LayerNorm -> FP8 +1-3 points (two chained passes), RMSNorm -> FP8 +0-1, plain forwards unchanged. The
-// statistics round differently (tolerance tests), the same for the FP8 and the fp32-output kernels.
-// With 4, two plain LayerNorm kernels spill 36 bytes (bf16, 16 warps, the 3-blocks-per-SM hint of
-// N = 16384); if it wins, those keep 1 or take 2. Shipped SASS unchanged (1403 same).
-// A/B: AB_OPTIONS="-DFK_NORM_SUM_CHAINS=4" AB_OPS=norm AB_NUMERICS=1; tests: TEST_OPTIONS=
-// "-DFK_NORM_SUM_CHAINS=4" PYTEST_ARGS="tests/test_norms.py tests/test_norms_fp8.py".
-#ifndef FK_NORM_SUM_CHAINS
-#define FK_NORM_SUM_CHAINS 1
-#endif
 // Experiment (0 = shipped): FK_LDG_COHERENT = 1 loads the row (x, residual) of the plain and FP8 forwards
 // with plain ld.global.v4 (common/vec.cuh load_vec_coherent) instead of the read-only ld.global.nc the
 // compiler picks for const __restrict__ inputs (the weights keep it). Triton's kernels load that way:
@@ -253,15 +240,6 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
   }
 }
 
-// a[0] + a[1] + ... for K = 1, 2 or 4, pairwise (FK_NORM_SUM_CHAINS).
-template <int K>
-__device__ __forceinline__ float sum_chains(const float (&a)[K]) {
-  static_assert(K == 1 || K == 2 || K == 4, "FK_NORM_SUM_CHAINS: 1, 2 or 4");
-  if constexpr (K == 1) return a[0];
-  else if constexpr (K == 2) return a[0] + a[1];
-  else return (a[0] + a[1]) + (a[2] + a[3]);
-}
-
 // Statistics and output of one row held in registers (all threads of the block call it: barriers).
 template <typename T, typename W, typename OUT, int VEC, int ITEMS, int WARPS, bool RMS, bool PLAIN_W,
           bool FULL = false>
@@ -277,31 +255,30 @@ __device__ __forceinline__ void normalize_row(const Vec<T, VEC> (&raw)[ITEMS], c
   // Chan/Welford merge across the row was measured 20-40% slower (sweep 1601Z): its merges are serial.
   // Per-thread two-pass states merged across the row with one barrier (Chan, equal counts) lost 1-3.5
   // points on the FP8 forward and tied on the plain one (H100, ab_nvrtc_options_H100_2026-12-06T0835Z):
-  // the second barrier is not what the FP8 LayerNorm waits on.
-  // The thread's sums over its ITEMS x VEC elements run in FK_NORM_SUM_CHAINS interleaved accumulators
-  // (element e into e % K), added pairwise at the end.
-  constexpr int K = FK_NORM_SUM_CHAINS;
+  // the second barrier is not what the FP8 LayerNorm waits on. Nor the adds' dependency chains: the sums
+  // in 4 interleaved accumulators per thread measured the same to 0.002 on every FP8 and plain shape
+  // (H100, ab_nvrtc_options_H100_2026-12-06T1056Z).
   float mean = 0.f;
   if constexpr (!RMS) {
-    float s[K] = {};
+    float s = 0.f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s[(i * VEC + j) % K] += vec_elem(raw[i], j);
-    mean = row_sum_alternating<WARPS>(sum_chains(s), parity) * inv_n;
+      for (int j = 0; j < VEC; ++j) s += vec_elem(raw[i], j);
+    mean = row_sum_alternating<WARPS>(s, parity) * inv_n;
   }
-  float ss[K] = {};
+  float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if ((FULL && FK_FULL_ROWS) || threadIdx.x + i * T_ROW < nvec) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float d = vec_elem(raw[i], j) - mean;
-        ss[(i * VEC + j) % K] += d * d;
+        ss += d * d;
       }
     }
   }
-  const float rstd = rsqrtf(row_sum_alternating<WARPS>(sum_chains(ss), parity) * inv_n + eps);
+  const float rstd = rsqrtf(row_sum_alternating<WARPS>(ss, parity) * inv_n + eps);
   if (!row_ok) return;
   if (threadIdx.x == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;

@@ -567,6 +567,15 @@ def test_forward_kernels_are_registered(rms):
                 assert cn.fwd_expr(f8, x_dt, x_dt, "float32", rms, plain_w=plain_w, N=N) in exprs
                 for fmt in ("e4m3", "e5m2"):
                     assert cn.fwd_fp8_expr(f8, x_dt, x_dt, fmt, rms, plain_w=plain_w, N=N) in exprs
+        for N in (4096, 8192, 14336):  # the FP8 forward the dispatch launches (TUNED_FP8_WAVES), any weights
+            persistent = cn.fwd_fp8_waves(N, s, rms) is not None
+            for w_dt in sorted({x_dt, "float32"}):
+                for fmt in ("e4m3", "e5m2"):
+                    assert cn.fwd_fp8_expr(cn.fwd_fp8_config(N, s, rms), x_dt, w_dt, fmt, rms, plain_w=True,
+                                           persistent=persistent, N=N) in exprs
+    for (op, N, s), waves in cn.TUNED_FP8_WAVES.items():
+        if (op == "rms") == rms:
+            assert cn.fwd_fp8_waves(N, s, rms) == waves
     for (op, N, s), t in cn.TUNED_FP8.items():
         if (op == "rms") == rms:
             assert cn.fwd_fp8_config(N, s, rms) == ("rows", cn.vec_width(N, s)) + tuple(t)

@@ -1,7 +1,7 @@
 """Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
-forward with FP8 output (cuda_norms.FWD_FP8_WAVES), bytes 3MN (read x, write FP8). None (the
-non-persistent kernel: one row group per block, the amax merged per warp) against the grid-stride kernel
-on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift shows up as disagreement), bf16,
+forward with FP8 output (cuda_norms.FWD_FP8_WAVES, TUNED_FP8_WAVES emptied for the sweep), bytes 3MN
+(read x, write FP8). None (the non-persistent kernel: one row group per block, the amax merged per warp)
+against the grid-stride kernel on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift shows up as disagreement), bf16,
 the benchmark's FP8 shapes. Prints every variant's time, GB/s and fraction of a copy timed in the same
 run, and the best per (op, shape); writes JSON to argv[1].
 
@@ -10,7 +10,9 @@ History (H200, 2026-12-04, sweep_fp8_grid_2026-12-04T*.json): None within 1-2 % 
 fewer instructions, 9-13 more registers) and fp32 weights both lost (1645Z); gamma / beta in shared
 memory as fp32 lost 6-25 % (1850Z); two rows per thread (weights loaded once for both) lost or tied
 (1923Z). The grid-stride walk on fp8_ct_tile's cast-transpose was dropped too: 0.67-0.82 of copy against
-0.85-0.87 with one tile per block (sweep_fp8_grid_2026-12-03T0949Z.json).
+0.85-0.87 with one tile per block (sweep_fp8_grid_2026-12-03T0949Z.json). H100, 2026-12-06
+(sweep_fp8_grid_H100_2026-12-06T1056Z.json): None won LayerNorm 8192 by 6 points and RMSNorm 8192 /
+14336 by 1-2 (now TUNED_FP8_WAVES); 4 waves won LayerNorm 14336 by 3.
 
 SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
 thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
@@ -87,6 +89,7 @@ def main(out_path):
     if os.environ.get("SWEEP_FP8_CONFIGS") == "1":
         return sweep_configs_main(out_path, timer, copy)
     results = []
+    tuned, cuda_norms.TUNED_FP8_WAVES = cuda_norms.TUNED_FP8_WAVES, {}  # FWD_FP8_WAVES decides every shape
     for M, N in FP8_SHAPES:
         for op, mod, knob, nbytes, run in cases(M, N):
             default = getattr(mod, knob)
@@ -104,6 +107,7 @@ def main(out_path):
             best = min(rows, key=lambda r: r["ms"])
             print(f"BEST {op} {M}x{N}: {knob}={best['waves']} {best['of_copy']:.3f} of copy")
             results += rows
+    cuda_norms.TUNED_FP8_WAVES = tuned
     with open(out_path, "w") as f:
         json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, rows=results), f, indent=1)
 

@@ -394,7 +394,8 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
         fit = sm_count(device) * blocks_per_sm(k, expr, device, block[0] * block[1], 0)
-        grid = f"max(1, min(rows/{rpb}, {fit} x {FWD_FP8_WAVES}))" if persistent else f"max(1, rows/{rpb})"
+        waves = fwd_fp8_waves(N, ITEMSIZE[x_dt], rms)
+        grid = f"max(1, min(rows/{rpb}, {fit} x {waves}))" if persistent else f"max(1, rows/{rpb})"
     else:  # norm_fwd_looped_fp8: one block per row
         rpb, block, fit, grid = 1, (1024, 1), None, "max(1, rows)"
     _log_config("norm_fwd_fp8", expr, grid, block)
@@ -413,6 +414,20 @@ def _fwd_fp8_plan(N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, per
 # groups per block).
 FWD_FP8_WAVES = 4
 FWD_FP8_MAX_GRID = None
+# Shapes whose sweep chose otherwise: waves per (op, N, itemsize), None = the non-persistent kernel.
+# H100 sweep of 2026-12-06 (sweep_fp8_grid_H100_2026-12-06T1056Z.json, bf16, two interleaved rounds,
+# fraction of copy, None against 4 waves): LayerNorm 16384 x 8192 0.927 against 0.864 (the persistent
+# kernel's prefetch loop holds 64 registers at its 4-block hint, the one-group kernel 48), RMSNorm 8192
+# 0.935 / 0.929, RMSNorm 14336 0.973 / 0.957 (H200 2026-12-04 agreed on both RMSNorm shapes, before the
+# prefetch: 0.877 / 0.864, 0.861 / 0.860). Left at 4 waves: LayerNorm 14336 (0.871 / 0.898), LayerNorm
+# 4096 (H100 0.932 / 0.918, but H200 2026-12-04 0.813 / 0.827: the cards disagree), RMSNorm 4096 (a tie).
+TUNED_FP8_WAVES: dict = {("ln", 8192, 2): None, ("rms", 8192, 2): None, ("rms", 14336, 2): None}
+
+
+def fwd_fp8_waves(N: int, itemsize: int, rms: bool):
+    """Waves of resident blocks the FP8 forward's grid-stride kernel is launched with, or None for the
+    non-persistent kernel (one row group per block)."""
+    return TUNED_FP8_WAVES.get(("rms" if rms else "ln", N, itemsize), FWD_FP8_WAVES)
 
 
 def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N, x_dt, w_dt, fmt, eps,
@@ -423,7 +438,8 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
     s, ws = ITEMSIZE[x_dt], ITEMSIZE[w_dt]
     max_vec = align_elems(((x, s), (res, s), (hsum, s), (y, 1), (w, ws), (b, ws)))
     plain_w = plain_weights(w, b, rms, zero_centered)
-    persistent = FWD_FP8_WAVES is not None or FWD_FP8_MAX_GRID is not None
+    waves = fwd_fp8_waves(N, s, rms)
+    persistent = waves is not None or FWD_FP8_MAX_GRID is not None
     key = (N, x_dt, w_dt, fmt, rms, device, config, max_vec, plain_w, persistent)
     plan = _fwd_fp8_plans.get(key)
     if plan is None:
@@ -434,7 +450,7 @@ def forward_fp8(x, res, w, b, y, hsum, mean, rstd, scale, scale_inv, amax, M, N,
         if grid >= 2**31:  # it counts row groups in 32 bits (and a grid has at most 2^31 - 1 blocks)
             raise ValueError(f"fusedkit: FP8-output norm of {M} rows of {N}: at most {2**31 * rpb - 1} rows "
                              "per call; split the leading dimension into several calls")
-        for cap in (None if FWD_FP8_WAVES is None else fit * FWD_FP8_WAVES, FWD_FP8_MAX_GRID):
+        for cap in (None if waves is None else fit * waves, FWD_FP8_MAX_GRID):
             if cap is not None:
                 grid = min(grid, cap)
     grid = max(1, grid)
@@ -607,8 +623,12 @@ def all_expressions():
                         for o_dt in sorted({x_dt, "float32"}):
                             fc = fwd_plain_config(N, ITEMSIZE[x_dt], ITEMSIZE[o_dt], rms)
                             exprs[FILE].add(fwd_expr(fc, x_dt, w_dt, o_dt, rms, plain_w=plain_w, N=N))
+                        one_group = fwd_fp8_waves(N, ITEMSIZE[x_dt], rms) is None
                         for fmt in FMT_CXX:
-                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w, N=N))
+                            exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w,
+                                                         persistent=not one_group, N=N))
+                            if one_group:  # FWD_FP8_MAX_GRID (tests) forces the persistent kernel
+                                exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, fmt, rms, plain_w=plain_w, N=N))
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False, N=N))
