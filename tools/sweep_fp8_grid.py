@@ -17,7 +17,8 @@ memory as fp32 lost 6-25 % (1850Z); two rows per thread (weights loaded once for
 SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
 thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
 counts that are not powers of two included (14336 = 1792 vectors: 4 x 14 warps fits it exactly where
-the rule's 4 x 16 leaves an eighth of the threads idle on the last vector).
+the rule's 4 x 16 leaves an eighth of the threads idle on the last vector). SWEEP_FP8_WAVES=none (or a
+number) sweeps them on that grid instead of each shape's shipped one (TUNED_FP8_WAVES / FWD_FP8_WAVES).
 """
 import json
 import os
@@ -57,7 +58,11 @@ def fp8_configs(N):
 
 
 def sweep_configs_main(out_path, timer, copy):
-    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N)
+    waves = os.environ.get("SWEEP_FP8_WAVES")
+    if waves is not None:  # one grid for every shape
+        cuda_norms.TUNED_FP8_WAVES, cuda_norms.FWD_FP8_WAVES = {}, None if waves == "none" else int(waves)
+    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N,
+                                                         persistent=cuda_norms.fwd_fp8_waves(N, 2, rms) is not None)
                                  for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
     import cupy
     stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
@@ -78,8 +83,8 @@ def sweep_configs_main(out_path, timer, copy):
             sweep_configs(timer, copy, f"{op} {M}x{N} (shipped {shipped})", fp8_configs(N), make, 3 * M * N,
                           results, op=op, shape=[M, N], shipped=list(shipped))
     with open(out_path, "w") as f:
-        json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, kind="configs", rows=results), f,
-                  indent=1)
+        json.dump(dict(**run_meta(torch.cuda.get_device_name()), copy_GBps=copy, kind="configs", waves=waves,
+                       rows=results), f, indent=1)
 
 
 def main(out_path):
