@@ -128,10 +128,15 @@ def _staged_config(N, itemsize, rms):
 # LayerNorm 14336 then (4, 14), the split that fills the row exactly: H200 sweep 1946Z 0.839 -> 0.867;
 # A/B of 2026-12-06 (ab_ln_fp8_14336_H200_2026-12-06T0251Z.json, two runs each, interleaved) 0.843 /
 # 0.840 -> 0.876 / 0.877.
+# LayerNorm 14336 then (7, 8) with the non-persistent kernel (TUNED_FP8_WAVES): the H100 config sweep of
+# that kernel (sweep_fp8_configs_none_{1,2}_H100_2026-12-06T1105Z.json, two runs within 0.002) read
+# (7, 8) 0.971 / 0.972 of copy, (8, 7) 0.970, (4, 14) 0.876; the persistent kernel's best, (6, 10), 0.905
+# and (4, 14) 0.901 (sweep_fp8_configs_shipped_H100_2026-12-06T1105Z.json). 8 warps of 7 vectors keep
+# 112 bytes of the row in flight per thread where 14 warps of 4 kept 64.
 # The fp32-output plain forward takes these configs too (fwd_fp8_config): the FP8 bytes and amax must
 # equal the cast of the fp32 y bit for bit, and another split of the row sums moves y by an ulp.
 TUNED_FP8: dict = {
-    ("rms", 4096, 2): (4, 4), ("rms", 14336, 2): (5, 12), ("ln", 14336, 2): (4, 14),
+    ("rms", 4096, 2): (4, 4), ("rms", 14336, 2): (5, 12), ("ln", 14336, 2): (7, 8),
 }
 
 
@@ -419,9 +424,12 @@ FWD_FP8_MAX_GRID = None
 # fraction of copy, None against 4 waves): LayerNorm 16384 x 8192 0.927 against 0.864 (the persistent
 # kernel's prefetch loop holds 64 registers at its 4-block hint, the one-group kernel 48), RMSNorm 8192
 # 0.935 / 0.929, RMSNorm 14336 0.973 / 0.957 (H200 2026-12-04 agreed on both RMSNorm shapes, before the
-# prefetch: 0.877 / 0.864, 0.861 / 0.860). Left at 4 waves: LayerNorm 14336 (0.871 / 0.898), LayerNorm
-# 4096 (H100 0.932 / 0.918, but H200 2026-12-04 0.813 / 0.827: the cards disagree), RMSNorm 4096 (a tie).
-TUNED_FP8_WAVES: dict = {("ln", 8192, 2): None, ("rms", 8192, 2): None, ("rms", 14336, 2): None}
+# prefetch: 0.877 / 0.864, 0.861 / 0.860). The config sweeps of both kernels (T1105Z files, TUNED_FP8)
+# then: RMSNorm 4096 0.956 / 0.942 (H200 2026-12-04 0.88-0.90 / 0.88-0.89), LayerNorm 14336 with its
+# own config (7, 8) 0.971 against the persistent kernel's best 0.905. Left at 4 waves: LayerNorm 4096
+# (H100 0.950 / 0.921, but every H200 sweep of 2026-12-04 read it 1-2 points slower: the cards disagree).
+TUNED_FP8_WAVES: dict = {("ln", 8192, 2): None, ("rms", 4096, 2): None, ("rms", 8192, 2): None,
+                         ("ln", 14336, 2): None, ("rms", 14336, 2): None}
 
 
 def fwd_fp8_waves(N: int, itemsize: int, rms: bool):
