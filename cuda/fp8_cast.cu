@@ -95,7 +95,6 @@
 #include "common/vec.cuh"
 #include "common/fp8.cuh"
 #include "common/act.cuh"
-#include "common/bulk.cuh"
 
 namespace fk {
 
@@ -705,17 +704,12 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
-// Experiment (0 = shipped): FK_CT_PREFETCH = 1 has the blocks that walk several tiles (dbias: DBIAS_TILES
-// tiles down the rows) ask the L2 for their next tile's rows when they start a tile (one bulk prefetch
-// of a 256-byte tile row per thread: x rows by threads 0-127, dy rows by 128-255; no registers). Between
-// two tiles a block has no loads in flight (its 8 rows are cast, stored and transposed first), and with
-// 2 blocks per SM that gap shows: cast_transpose_dbias 0.88-0.89 and dgelu + dbias 0.86-0.87 of copy
-// against the one-tile-per-block plain cast's 0.93 (H100). The same prefetch took LayerNorm -> FP8's
-// persistent blocks from 0.826 to 0.861 at 8192 (H200, 2026-12-04). Prediction: +1-3 points on both,
-// nothing on the plain cast (its blocks take one tile). Non-gated kinds with 16-byte rows only.
-#ifndef FK_CT_PREFETCH
-#define FK_CT_PREFETCH 0
-#endif
+// An L2 prefetch of each multi-tile block's next tile (one 256-byte cp.async.bulk.prefetch per tile row
+// and thread, issued as the block starts a tile) lost badly: cast_transpose_dbias 0.872 / 0.880 / 0.891
+// -> 0.775 / 0.779 / 0.795 of copy, dgelu + dbias 0.863 / 0.858 / 0.867 -> 0.617 / 0.615 / 0.628, the
+// plain casts unchanged (H100, 3 rounds, ab_ct_prefetch_H100_2026-12-06T1129Z.json; predicted +1-3).
+// That is 128-256 small bulk requests per block and tile, where LayerNorm's gaining prefetch is one
+// request of a whole row group; that the request count is the cost is a guess (not profiled). Removed.
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
 __device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],
@@ -778,13 +772,6 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
 #pragma unroll
   for (int j = 0; j < 8; ++j) csum[j] = 0.f;
   for (long long by = blockIdx.y; by < m_tiles; by += gridDim.y) {
-    if constexpr (FK_CT_PREFETCH && SUMS && !GATED && VEC == 8) {  // this block's next tile into L2
-      const long long row = (by + gridDim.y) * kFtTile + (threadIdx.x & (kFtTile - 1));
-      const int cb = blockIdx.x * kFtTile;
-      if (row < M && (ACT >= 0 || threadIdx.x < kFtTile))
-        bulk_prefetch_l2((threadIdx.x < kFtTile ? x : dy) + row * N + cb,
-                         (unsigned)(min(kFtTile, N - cb) * sizeof(T)));
-    }
     const long long r0 = by * kFtTile + trow;
     if (ncols <= 0 || r0 >= M) continue;
     const int nrows = (int)min(8LL, M - r0);
