@@ -710,6 +710,12 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // plain casts unchanged (H100, 3 rounds, ab_ct_prefetch_H100_2026-12-06T1129Z.json; predicted +1-3).
 // That is 128-256 small bulk requests per block and tile, where LayerNorm's gaining prefetch is one
 // request of a whole row group; that the request count is the cost is a guess (not profiled). Removed.
+// Software-pipelining the dact + dbias blocks' tiles in parts of R rows (part q + 1, or the next tile's
+// part 0, loaded before part q is cast, so loads stay in flight across tiles) lost too: dgelu + dbias
+// 0.865 / 0.859 / 0.867 -> 0.839 / 0.836 / 0.843 with R = 2 (no spills), 0.706 / 0.704 / 0.710 with R =
+// 4 (72-80 bytes spilled), same bytes (H100, 3 rounds, ab_ct_pipe_H100_2026-12-06T1138Z.json; predicted
+// +2-4). What these kernels want is the 8-row burst per thread (256 bytes of x and dy issued at once),
+// not loads spread over the cast. Removed.
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
 __device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],
@@ -730,90 +736,6 @@ __device__ __forceinline__ void ct_store_t(const unsigned (&tlo)[8], const unsig
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (j < ncols) store_bytes8(dst + j * M, tlo[j], thi[j], nrows, tw);
-  }
-}
-
-// Experiment (0 = shipped): FK_CT_PIPE = R (2 or 4) walks the dact + dbias blocks' tiles (DBIAS_TILES of
-// them) software-pipelined in parts of R rows of the 8-row sub-tile: the next part's loads (or the next
-// tile's first part's) are in flight while a part is cast, so a block never waits with nothing in
-// flight, also across tiles (the shipped loop loads 8 rows, casts them, transposes and stores, then
-// loads the next tile). 16-bit input, non-gated kinds but GeLU-erf. R = 4 holds as many rows as the
-// shipped 8-row batch and spills 72-80 bytes (ptxas, 128 registers); R = 2 half of them. Prediction:
-// dgelu + dbias 0.86 -> 0.88-0.90 of copy on the H100; dact without dbias unchanged (one tile per block).
-#ifndef FK_CT_PIPE
-#define FK_CT_PIPE 0
-#endif
-
-// Rows R q .. R q + R - 1 of the thread's sub-tile at row r0, of x and dy (rows past M read row r0, as 0).
-template <typename T, int R>
-__device__ __forceinline__ void ct_load_part(const T* __restrict__ x, const T* __restrict__ dy, Raw8<T> (&a)[R],
-                                             Raw8<T> (&d)[R], int q, long long r0, long long M, int N, int c0,
-                                             int ncols) {
-  const int nrows = (int)min(8LL, M - r0);
-#pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const bool row_ok = R * q + k < nrows;
-    const long long off = r0 * N + c0 + (row_ok ? (long long)(R * q + k) * N : 0);
-    a[k] = ct_load_row<T, 8>(x + off, row_ok, ncols);
-    d[k] = ct_load_row<T, 8>(dy + off, row_ok, ncols);
-  }
-}
-
-// g = dy * act'(x) of those R rows: dbias sums, amax, FP8 bytes stored row-wise and kept in lo / hi.
-template <typename T, typename F, int ACT, int R>
-__device__ __forceinline__ void ct_cast_part(const Raw8<T> (&a)[R], const Raw8<T> (&d)[R], unsigned (&lo)[8],
-                                             unsigned (&hi)[8], int q, float scale, float& am, float (&csum)[8],
-                                             unsigned char* __restrict__ out, long long base, int N, int nrows) {
-#pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const int i = R * q + k;
-    float g[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      g[j] = ct_value<ACT>(raw_elem<T>(a[k], j), raw_elem<T>(d[k], j));
-      csum[j] += g[j];
-    }
-    const uint2 u = cast_fp8_x8<F>(g, scale, am);
-    lo[i] = u.x;
-    hi[i] = u.y;
-    if (i < nrows) store_bytes8(out + base + (long long)i * N, u.x, u.y, 8, 8);
-  }
-}
-
-// The FK_CT_PIPE walk of fp8_ct_tile's tiles for g = dy * act'(x) with the dbias sums, in parts of R
-// rows of the sub-tile, part q + 1 (or the next tile's part 0) loaded before part q is cast (see
-// fp8_ct_tile for the sub-tile mapping, the edges and the stores; the transposed bytes leave straight
-// from the registers, as the shipped dact instantiations do).
-template <typename T, typename F, int ACT, int R>
-__device__ __forceinline__ void ct_dact_tiles_pipelined(const T* __restrict__ x, const T* __restrict__ dy,
-                                                        unsigned char* __restrict__ out,
-                                                        unsigned char* __restrict__ out_t, float scale,
-                                                        float& am, float (&csum)[8], long long M, int N,
-                                                        long long m_tiles, int trow, int c0, int ncols, int tw) {
-  constexpr int P = 8 / R;  // parts per sub-tile (even: the buffers alternate)
-  static_assert(R == 2 || R == 4, "FK_CT_PIPE: 2 or 4 rows per part");
-  Raw8<T> a[2][R], d[2][R];
-  unsigned lo[8], hi[8];
-  long long by = blockIdx.y;
-  if (ncols <= 0 || by >= m_tiles || by * kFtTile + trow >= M) return;
-  ct_load_part<T, R>(x, dy, a[0], d[0], 0, by * kFtTile + trow, M, N, c0, ncols);
-  for (;;) {
-    const long long r0 = by * kFtTile + trow;
-    const int nrows = (int)min(8LL, M - r0);
-    const long long base = r0 * N + c0;
-    const long long nb = by + gridDim.y;
-    const bool next = nb < m_tiles && nb * kFtTile + trow < M;  // later tiles only lie further down
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-      if (q + 1 < P) ct_load_part<T, R>(x, dy, a[(q + 1) & 1], d[(q + 1) & 1], q + 1, r0, M, N, c0, ncols);
-      else if (next) ct_load_part<T, R>(x, dy, a[0], d[0], 0, nb * kFtTile + trow, M, N, c0, ncols);
-      ct_cast_part<T, F, ACT, R>(a[q & 1], d[q & 1], lo, hi, q, scale, am, csum, out, base, N, nrows);
-    }
-    unsigned tlo[8], thi[8];
-    ct_transpose8(lo, hi, tlo, thi);
-    ct_store_t(tlo, thi, out_t + (long long)c0 * M + r0, M, nrows, ncols, tw);
-    if (!next) return;
-    by = nb;
   }
 }
 
@@ -855,12 +777,7 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
   float csum[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) csum[j] = 0.f;
-  constexpr bool PIPE = FK_CT_PIPE && SUMS && ACT >= 0 && ACT < kGated && ACT != GELU_ERF && VEC == 8 &&
-                        sizeof(T) == 2;
-  if constexpr (PIPE)
-    ct_dact_tiles_pipelined<T, F, ACT, (FK_CT_PIPE > 0 ? FK_CT_PIPE : 4)>(x, dy, out, out_t, scale, am, csum, M, N,
-                                                                       m_tiles, trow, c0, ncols, tw);
-  for (long long by = PIPE ? m_tiles : blockIdx.y; by < m_tiles; by += gridDim.y) {  // PIPE: done above
+  for (long long by = blockIdx.y; by < m_tiles; by += gridDim.y) {
     const long long r0 = by * kFtTile + trow;
     if (ncols <= 0 || r0 >= M) continue;
     const int nrows = (int)min(8LL, M - r0);
