@@ -714,7 +714,7 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 // part 0, loaded before part q is cast, so loads stay in flight across tiles) lost too: dgelu + dbias
 // 0.865 / 0.859 / 0.867 -> 0.839 / 0.836 / 0.843 with R = 2 (no spills), 0.706 / 0.704 / 0.710 with R =
 // 4 (72-80 bytes spilled), same bytes (H100, 3 rounds, ab_ct_pipe_H100_2026-12-06T1138Z.json; predicted
-// +2-4). What these kernels want is the 8-row burst per thread (256 bytes of x and dy issued at once),
+// +2-4). These kernels seem to want the 8-row burst per thread (256 bytes of x and dy issued at once),
 // not loads spread over the cast. Removed.
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
