@@ -1,8 +1,8 @@
 """Sweep the grid of the FP8 kernels whose blocks walk their work grid-stride, on the GPU: the norm
 forward with FP8 output (cuda_norms.FWD_FP8_WAVES, TUNED_FP8_WAVES emptied for the sweep), bytes 3MN
 (read x, write FP8). None (the non-persistent kernel: one row group per block, the amax merged per warp)
-against the grid-stride kernel on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift shows up as disagreement), bf16,
-the benchmark's FP8 shapes. Prints every variant's time, GB/s and fraction of a copy timed in the same
+against the grid-stride kernel on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift
+shows up as disagreement), bf16, the benchmark's FP8 shapes. Prints every variant's time, GB/s and fraction of a copy timed in the same
 run, and the best per (op, shape); writes JSON to argv[1].
 
 History (H200, 2026-12-04, sweep_fp8_grid_2026-12-04T*.json): None within 1-2 % of 1 / 2 / 4 waves
@@ -12,9 +12,10 @@ memory as fp32 lost 6-25 % (1850Z); two rows per thread (weights loaded once for
 (1923Z). The grid-stride walk on fp8_ct_tile's cast-transpose was dropped too: 0.67-0.82 of copy against
 0.85-0.87 with one tile per block (sweep_fp8_grid_2026-12-03T0949Z.json). H100, 2026-12-06
 (sweep_fp8_grid_H100_2026-12-06T1056Z.json): None won LayerNorm 8192 by 6 points and RMSNorm 8192 /
-14336 by 1-2 (now TUNED_FP8_WAVES); 4 waves won LayerNorm 14336 by 3.
+14336 by 1-2 (now TUNED_FP8_WAVES); 4 waves won LayerNorm 14336 by 3 at the persistent kernel's config,
+None with its own (7, 8) by 7 (the config sweep below, sweep_fp8_configs_*_H100_2026-12-06T1105Z.json).
 
-SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, at the shipped FWD_FP8_WAVES: every (vectors per
+SWEEP_FP8_CONFIGS=1 sweeps the launch config instead, on each shape's shipped grid: every (vectors per
 thread <= 8, warps <= 16) that covers the row with at most an eighth of its vector slots idle, warp
 counts that are not powers of two included (14336 = 1792 vectors: 4 x 14 warps fits it exactly where
 the rule's 4 x 16 leaves an eighth of the threads idle on the last vector). SWEEP_FP8_WAVES=none (or a
