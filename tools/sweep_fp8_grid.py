@@ -2,8 +2,8 @@
 forward with FP8 output (cuda_norms.FWD_FP8_WAVES, TUNED_FP8_WAVES emptied for the sweep), bytes 3MN
 (read x, write FP8). None (the non-persistent kernel: one row group per block, the amax merged per warp)
 against the grid-stride kernel on 1, 2 and 4 waves of resident blocks, two interleaved rounds (drift
-shows up as disagreement), bf16, the benchmark's FP8 shapes. Prints every variant's time, GB/s and fraction of a copy timed in the same
-run, and the best per (op, shape); writes JSON to argv[1].
+shows up as disagreement), bf16, the benchmark's FP8 shapes. Prints every variant's time, GB/s and
+fraction of a copy timed in the same run, and the best per (op, shape); writes JSON to argv[1].
 
 History (H200, 2026-12-04, sweep_fp8_grid_2026-12-04T*.json): None within 1-2 % of 1 / 2 / 4 waves
 (1630Z; RMSNorm a little ahead with None, LayerNorm not); a row widened to fp32 once in registers (24-48
@@ -62,9 +62,10 @@ def sweep_configs_main(out_path, timer, copy):
     waves = os.environ.get("SWEEP_FP8_WAVES")
     if waves is not None:  # one grid for every shape
         cuda_norms.TUNED_FP8_WAVES, cuda_norms.FWD_FP8_WAVES = {}, None if waves == "none" else int(waves)
-    precompile(cuda_norms.FILE, [cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N,
-                                                         persistent=cuda_norms.fwd_fp8_waves(N, 2, rms) is not None)
-                                 for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
+    precompile(cuda_norms.FILE, [
+        cuda_norms.fwd_fp8_expr(c, "bfloat16", "bfloat16", "e4m3", rms, plain_w=True, N=N,
+                                persistent=cuda_norms.fwd_fp8_waves(N, 2, rms) is not None)
+        for _, N in FP8_SHAPES for c in fp8_configs(N) for rms in (False, True)])
     import cupy
     stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
     results = []
