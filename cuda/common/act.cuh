@@ -19,6 +19,13 @@ __device__ __forceinline__ float sigmoid_fast(float z) {
   return __fdividef(1.f, 1.f + __expf(-z));
 }
 
+// 2^z by the hardware's ex2.approx (MUFU.EX2; what __expf uses after its log2(e) prescale).
+__device__ __forceinline__ float exp2f_approx(float z) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(z));
+  return r;
+}
+
 // u(x) = sqrt(2 / pi) (x + 0.044715 x^3), the argument of tanh in the tanh-approximated GeLU.
 __device__ __forceinline__ float gelu_tanh_arg(float x) {
   return 0.7978845608028654f * (x + 0.044715f * x * x * x);
@@ -40,9 +47,35 @@ __device__ __forceinline__ float act_f(float x) {
   }
 }
 
+// Experiment (0 = shipped): FK_GELU_TANH_FOLDED = 1 evaluates GeLU-tanh's derivative with its constants
+// folded: e = 2^(x (a1 + a2 x^2)) with a1 = -2 k0 log2(e), a2 = a1 k1 (one ex2, no separate prescale),
+// s = 1 / (1 + e), and s + (x s)(1 - s)(b1 + b3 x^2) as one FFMA, b1 = 2 k0, b3 = 3 b1 k1: 9 arithmetic
+// instructions and 2 MUFU per element where the shipped expression compiles to about 17 and 2. Why: the
+// dgelu + dbias cast-transpose issues about 45 SASS instructions per element against the plain cast's
+// 21 (sm_90a, static counts of fp8_ct_tile), so at its 16 resident warps per SM issue takes some 58 % of
+// its time at 0.86 of copy (H100: 134 M elements x 45 / 3.3e13 thread-instructions per second = 180 us
+// of 309). Prediction: dgelu + dbias 0.86 -> 0.88 of copy, the GeLU backward unchanged (memory-bound at
+// 4 blocks per SM). Rounding: a few ulp either way, inside the tests' tolerances; +-inf give NaN as the
+// shipped form does. A/B: AB_OPTIONS="-DFK_GELU_TANH_FOLDED=1" AB_OPS=dact_cast AB_NUMERICS=1; tests:
+// TEST_OPTIONS="-DFK_GELU_TANH_FOLDED=1" PYTEST_ARGS="tests/test_fp8_dact.py tests/test_activations.py".
+// Offline (NVRTC 13.0, sm_90a): fp8_ct_tile<bf16, E5M2, GELU_TANH, true, 8> 2880 -> 2304 SASS instructions
+// (FMUL 768 -> 384), 128 -> 126 registers, no spills anywhere in activations.cu / fp8_cast.cu with it;
+// off, both files' SASS are unchanged (261 and 288 kernels the same).
+#ifndef FK_GELU_TANH_FOLDED
+#define FK_GELU_TANH_FOLDED 0
+#endif
+
 template <int ACT>
 __device__ __forceinline__ float dact_f(float x) {
-  if constexpr (ACT == GELU_TANH) {
+  if constexpr (ACT == GELU_TANH && FK_GELU_TANH_FOLDED) {
+    constexpr float kB1 = 2.f * 0.7978845608028654f;            // d(2u)/dx = b1 + b3 x^2
+    constexpr float kB3 = 3.f * kB1 * 0.044715f;
+    constexpr float kA1 = -kB1 * 1.4426950408889634f;            // -2u log2(e) = x (a1 + a2 x^2)
+    constexpr float kA2 = kA1 * 0.044715f;
+    const float x2 = x * x;
+    const float s = __fdividef(1.f, 1.f + exp2f_approx(x * fmaf(kA2, x2, kA1)));
+    return fmaf((x * s) * (1.f - s), fmaf(kB3, x2, kB1), s);
+  } else if constexpr (ACT == GELU_TANH) {
     // d/dx x sigmoid(2u) = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2)
     const float s = sigmoid_fast(2.f * gelu_tanh_arg(x));
     return s + 2.f * x * s * (1.f - s) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * x * x);
