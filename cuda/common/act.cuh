@@ -51,10 +51,10 @@ __device__ __forceinline__ float act_f(float x) {
 // folded: e = 2^(x (a1 + a2 x^2)) with a1 = -2 k0 log2(e), a2 = a1 k1 (one ex2, no separate prescale),
 // s = 1 / (1 + e), and s + (x s)(1 - s)(b1 + b3 x^2) as one FFMA, b1 = 2 k0, b3 = 3 b1 k1: 9 arithmetic
 // instructions and 2 MUFU per element where the shipped expression compiles to about 17 and 2. Why: the
-// dgelu + dbias cast-transpose issues about 45 SASS instructions per element against the plain cast's
-// 21 (sm_90a, static counts of fp8_ct_tile), so at its 16 resident warps per SM issue takes some 58 % of
-// its time at 0.86 of copy (H100: 134 M elements x 45 / 3.3e13 thread-instructions per second = 180 us
-// of 309). Prediction: dgelu + dbias 0.86 -> 0.88 of copy, the GeLU backward unchanged (memory-bound at
+// dgelu + dbias cast-transpose has up to 45 SASS instructions per element against the plain cast's 21
+// (sm_90a, static counts of fp8_ct_tile / 64 elements), so at its 16 resident warps per SM issue may take
+// up to 58 % of its time at 0.86 of copy (H100: 134 M elements x 45 / 3.3e13 thread-instructions per
+// second = 180 us of 309; not yet confirmed by ncu). Prediction: dgelu + dbias 0.86 -> 0.88 of copy, the GeLU backward unchanged (memory-bound at
 // 4 blocks per SM). Rounding: a few ulp either way, inside the tests' tolerances; +-inf give NaN as the
 // shipped form does. A/B: AB_OPTIONS="-DFK_GELU_TANH_FOLDED=1" AB_OPS=dact_cast AB_NUMERICS=1; tests:
 // TEST_OPTIONS="-DFK_GELU_TANH_FOLDED=1" PYTEST_ARGS="tests/test_fp8_dact.py tests/test_activations.py".
