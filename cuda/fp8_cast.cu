@@ -579,7 +579,6 @@ constexpr int kFtTile = 128;     // block tile: 128 rows x 128 columns
 constexpr int kFtThreads = 256;  // 8 warps, 4 (rows) x 2 (columns); a warp covers 32 rows x 64 columns
 constexpr int kNoAct = -1;       // ACT of the plain cast (g = x)
 
-
 // ACT >= kGated: the gated activation of inner ACT % kGated (SwiGLU: SiLU, GeGLU: GeLU, ReGLU: ReLU) on
 // x = [a | b] (halves of the last dim): y = act(a) * b, so dx = [dy * b * act'(a) | dy * act(a)].
 // ACT >= kGatedPaired (the gated casts without dbias): fp8_ct_tile's blocks cover the H columns of dy
@@ -704,18 +703,10 @@ __device__ __forceinline__ void ct_dbias_finish(float (&csum)[8], int tcol, floa
 #ifndef FK_CT_SMEM_T
 #define FK_CT_SMEM_T 1
 #endif
-// An L2 prefetch of each multi-tile block's next tile (one 256-byte cp.async.bulk.prefetch per tile row
-// and thread, issued as the block starts a tile) lost badly: cast_transpose_dbias 0.872 / 0.880 / 0.891
-// -> 0.775 / 0.779 / 0.795 of copy, dgelu + dbias 0.863 / 0.858 / 0.867 -> 0.617 / 0.615 / 0.628, the
-// plain casts unchanged (H100, 3 rounds, ab_ct_prefetch_H100_2026-12-06T1129Z.json; predicted +1-3).
-// That is 128-256 small bulk requests per block and tile, where LayerNorm's gaining prefetch is one
-// request of a whole row group; that the request count is the cost is a guess (not profiled). Removed.
-// Software-pipelining the dact + dbias blocks' tiles in parts of R rows (part q + 1, or the next tile's
-// part 0, loaded before part q is cast, so loads stay in flight across tiles) lost too: dgelu + dbias
-// 0.865 / 0.859 / 0.867 -> 0.839 / 0.836 / 0.843 with R = 2 (no spills), 0.706 / 0.704 / 0.710 with R =
-// 4 (72-80 bytes spilled), same bytes (H100, 3 rounds, ab_ct_pipe_H100_2026-12-06T1138Z.json; predicted
-// +2-4). These kernels seem to want the 8-row burst per thread (256 bytes of x and dy issued at once),
-// not loads spread over the cast. Removed.
+// Two ways of keeping the multi-tile (dbias) blocks' loads in flight between tiles lost on the H100 and
+// were removed: an L2 bulk prefetch of the next tile's rows (dbias 0.87 -> 0.78, dgelu + dbias 0.86 ->
+// 0.62; ab_ct_prefetch_H100_2026-12-06T1129Z.json) and software-pipelining the tiles in parts of 2 rows
+// (dgelu + dbias 0.86 -> 0.84; ab_ct_pipe_H100_2026-12-06T1138Z.json). docs/perf_notes.rst has both.
 
 // The sub-tile's 8 FP8 rows (lo / hi: columns 0-3 / 4-7) as its 8 columns (tlo / thi: rows 0-3 / 4-7).
 __device__ __forceinline__ void ct_transpose8(const unsigned (&lo)[8], const unsigned (&hi)[8], unsigned (&tlo)[8],

@@ -5,14 +5,12 @@ always included); between variants the in-memory kernel and launcher caches are 
 call compiles (or loads from the disk cache, whose key covers the options) that variant's kernels.
 Times the ops whose names contain one of AB_OPS (comma-separated; default all): the FP8 cast-transpose at
 the benchmark's three shapes, with current scaling and with dbias too, dgelu + dbias (dact), the
-current-scaling quantize at the
-same shapes,
-the delayed quantize at 32768 x 4096, the FP8-output LayerNorm / RMSNorm
-at the three shapes, the plain LayerNorm forward at 32768 x 4096, 131072 x 1024 and 16384 x 8192 and the plain
-RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the others'
-defines), bf16 inputs as the benchmark's, AB_ROUNDS (3) interleaved rounds, each op as a fraction of a
-copy timed in the same round; checks that every variant's output bytes equal the shipped build's.
-Writes JSON to argv[1].
+current-scaling quantize at the same shapes, the delayed quantize at 32768 x 4096, the FP8-output LayerNorm
+/ RMSNorm at the three shapes, the plain LayerNorm forward at 32768 x 4096, 131072 x 1024 and 16384 x 8192
+and the plain RMSNorm forward at 131072 x 1024, 16384 x 8192 and 8192 x 16384 (each a control for the
+others' defines), bf16 inputs as the benchmark's, AB_ROUNDS (3) interleaved rounds, each op as a fraction of
+a copy timed in the same round; checks that every variant's output bytes equal the shipped build's. Writes
+JSON to argv[1].
 
     AB_OPTIONS="-DFK_FP8_FWD_PREFETCH=0" AB_OPS=norm_fp8 PYTHONPATH=. python3 tools/ab_nvrtc_options.py out.json
     AB_OPTIONS="-DA=1;-DB=1 @ 4096,1024" AB_NUMERICS=1 ...   (B timed only on ops named *4096* / *1024*)

@@ -19,7 +19,8 @@ __device__ __forceinline__ float sigmoid_fast(float z) {
   return __fdividef(1.f, 1.f + __expf(-z));
 }
 
-// 2^z by the hardware's ex2.approx (MUFU.EX2; what __expf uses after its log2(e) prescale).
+// 2^z by the hardware's ex2.approx (one MUFU.EX2, as in __expf after its log2(e) prescale; subnormal
+// inputs and results flush to 0, which changes no sigmoid).
 __device__ __forceinline__ float exp2f_approx(float z) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(z));
@@ -48,19 +49,14 @@ __device__ __forceinline__ float act_f(float x) {
 }
 
 // Experiment (0 = shipped): FK_GELU_TANH_FOLDED = 1 evaluates GeLU-tanh's derivative with its constants
-// folded: e = 2^(x (a1 + a2 x^2)) with a1 = -2 k0 log2(e), a2 = a1 k1 (one ex2, no separate prescale),
-// s = 1 / (1 + e), and s + (x s)(1 - s)(b1 + b3 x^2) as one FFMA, b1 = 2 k0, b3 = 3 b1 k1: 9 arithmetic
-// instructions and 2 MUFU per element where the shipped expression compiles to about 17 and 2. Why: the
-// dgelu + dbias cast-transpose has up to 45 SASS instructions per element against the plain cast's 21
-// (sm_90a, static counts of fp8_ct_tile / 64 elements), so at its 16 resident warps per SM issue may take
-// up to 58 % of its time at 0.86 of copy (H100: 134 M elements x 45 / 3.3e13 thread-instructions per
-// second = 180 us of 309; not yet confirmed by ncu). Prediction: dgelu + dbias 0.86 -> 0.88 of copy, the GeLU backward unchanged (memory-bound at
-// 4 blocks per SM). Rounding: a few ulp either way, inside the tests' tolerances; +-inf give NaN as the
-// shipped form does. A/B: AB_OPTIONS="-DFK_GELU_TANH_FOLDED=1" AB_OPS=dact_cast AB_NUMERICS=1; tests:
-// TEST_OPTIONS="-DFK_GELU_TANH_FOLDED=1" PYTEST_ARGS="tests/test_fp8_dact.py tests/test_activations.py".
-// Offline (NVRTC 13.0, sm_90a): fp8_ct_tile<bf16, E5M2, GELU_TANH, true, 8> 2880 -> 2304 SASS instructions
-// (FMUL 768 -> 384), 128 -> 126 registers, no spills anywhere in activations.cu / fp8_cast.cu with it;
-// off, both files' SASS are unchanged (261 and 288 kernels the same).
+// folded: e = 2^(x (a1 + a2 x^2)), a1 = -2 k0 log2(e), a2 = a1 k1 (no separate prescale), s = 1 / (1 + e),
+// and s + (x s)(1 - s)(b1 + b3 x^2) as one FFMA, b1 = 2 k0, b3 = 3 b1 k1. Why: the dgelu + dbias
+// cast-transpose has up to 45 SASS instructions per element against the plain cast's 21 (static counts),
+// so issue may be a large share of its time at 16 warps per SM (not yet confirmed by ncu). Offline (NVRTC
+// 13.0, sm_90a): that kernel 2880 -> 2304 instructions, 126 registers, no spills in activations.cu or
+// fp8_cast.cu; off, both files' SASS are unchanged. Prediction: dgelu + dbias 0.86 -> 0.88 of copy.
+// Rounding: a few ulp either way; +-inf give NaN as the shipped form does. A/B and tests: the command in
+// docs/perf_notes.rst (session of 2026-12-06, 10:51Z).
 #ifndef FK_GELU_TANH_FOLDED
 #define FK_GELU_TANH_FOLDED 0
 #endif
