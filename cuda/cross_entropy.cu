@@ -345,10 +345,11 @@ __global__ void __launch_bounds__(32 * WARPS, FK_CE_PERSISTENT_MINB)
 ce_fwd_persistent(FK_CE_FWD_PARAMS) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char ce_stage[];
-  __shared__ unsigned long long bar;
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW>;
+  __shared__ unsigned long long bars[Chunk::PIECES];
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's row statistics
   const T* inputs[1] = {logits};
-  const StagedChunk<T, VEC, CLUSTER, 1> ch(inputs, ce_stage, &bar, N);
+  const Chunk ch(inputs, ce_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   const bool leader = rank == 0 && threadIdx.x == 0;
   const bool smooth = smoothing != 0.f;
@@ -359,16 +360,11 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
   for (int step = 0; row < M; row += ch.G, ++step) {
     const long long base = row * (long long)N;
     const CeRow r = read(row);
-    Vec<T, VEC> raw[ITEMS];
-    if (r.valid) {
-      ch.wait(phase);
-      ch.template take<ITEMS, T_ROW>(0, raw);
-    } else {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) vec_zero(raw[i]);
-    }
-    __syncthreads();  // the stage is read: refill it with the next row's chunk
-    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M && read(row + ch.G).valid) ch.load(row + ch.G);
+    Vec<T, VEC> in[1][ITEMS];
+    // the next row's chunk is loaded only if it is read (thread 0 decides; ignored rows are skipped)
+    const long long next = row + ch.G;
+    ch.take_row(in, phase, r.valid, threadIdx.x == 0 && next < M && read(next).valid ? next : -1);
+    auto& raw = in[0];
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
     ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, true, leader, N, ch.v0, ch.vend,

@@ -546,22 +546,20 @@ __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::valu
 softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
-  __shared__ unsigned long long bar;
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW>;
+  __shared__ unsigned long long bars[Chunk::PIECES];
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
   const T* inputs[1] = {x};
-  const StagedChunk<T, VEC, CLUSTER, 1> ch(inputs, softmax_stage, &bar, N);
+  const Chunk ch(inputs, softmax_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   staged_open<CLUSTER>(ch, box, row, true);
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
-    ch.wait(phase);
-    Vec<T, VEC> raw[ITEMS];
-    ch.template take<ITEMS, T_ROW>(0, raw);
-    __syncthreads();  // the stage is read: refill it with the next row's chunk
-    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c,
+    Vec<T, VEC> in[1][ITEMS];
+    ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c,
                                                         MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
@@ -707,22 +705,19 @@ softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
                    float scale) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
-  __shared__ unsigned long long bar;
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 2, ITEMS, T_ROW>;
+  __shared__ unsigned long long bars[Chunk::PIECES];
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's partial D of a row
   const T* inputs[2] = {y, dy};
-  const StagedChunk<T, VEC, CLUSTER, 2> ch(inputs, softmax_stage, &bar, N);
+  const Chunk ch(inputs, softmax_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   staged_open<CLUSTER>(ch, box, row, true);
   unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
-    ch.wait(phase);
-    Vec<T, VEC> yr[ITEMS], gr[ITEMS];
-    ch.template take<ITEMS, T_ROW>(0, yr);
-    ch.template take<ITEMS, T_ROW>(1, gr);
-    __syncthreads();  // both chunks are read: refill them with the next row's
-    if (threadIdx.x == 0 && ch.bytes > 0 && row + ch.G < M) ch.load(row + ch.G);
-    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(yr, gr, dx, row * (long long)N, true, ch.v0, ch.vend, scale,
+    Vec<T, VEC> in[2][ITEMS];  // y's chunk, dy's
+    ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
+    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(in[0], in[1], dx, row * (long long)N, true, ch.v0, ch.vend, scale,
                                                   MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();

@@ -22,6 +22,8 @@ JSON to argv[1].
     AB_OPTIONS="-DFK_GEMM_BLOCK_FFMA=1" AB_OPS=fp8_gemm_block AB_PEERS=1 AB_NUMERICS=1 ...   (block scaling,
         the per-tensor split GEMM beside it)
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
+    AB_OPTIONS="-DFK_STAGED_PIECES=2;-DFK_STAGED_PIECES=4" AB_OPS=long_ ...   (the persistent staged
+        softmax / cross-entropy kernels at their long rows; named only, as they allocate ~10 GB)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -57,8 +59,8 @@ def impls_of(make, *args):
 
 
 def ab_ops() -> list:
-    """AB_OPS: the substrings that select cases (empty: all; the softmax and GEMM cases only when named,
-    as they allocate ~1 GB and, for the GEMM, compile for minutes)."""
+    """AB_OPS: the substrings that select cases (empty: all; the softmax, long_ and GEMM cases only when
+    named, as they allocate 1-10 GB and, for the GEMM, compile for minutes)."""
     return [s for s in os.environ.get("AB_OPS", "").split(",") if s]
 
 
@@ -104,6 +106,32 @@ def cases():
         for M, N in ((131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)):
             fn = impls_of(_softmax_impls, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
             out.append((f"softmax_fwd {M}x{N}", 4 * M * N, fn))
+    # the persistent staged row kernels (FK_STAGED_PIECES' A/B): softmax forward and backward at 512 x
+    # 262144, cross-entropy (loss + gradient) at the benchmark's 8192 x 131072 and 4096 x 262144, the
+    # latter with the shipped kernel and with the persistent one (8 CTAs x 512 threads x 8 vectors)
+    if any("long_" in s for s in only):
+        from fusedkit.backends import cuda_cross_entropy as cce
+        M, N = 512, 262144
+        xs = (torch.randn(M, N, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        ys = fk.softmax(xs)
+        dys = torch.randn(M, N, device="cuda", generator=g).to(torch.bfloat16)
+        out.append((f"long_softmax_fwd {M}x{N}", 4 * M * N, lambda: fk.softmax(xs)))
+        out.append((f"long_softmax_bwd {M}x{N}", 6 * M * N, lambda: fk.softmax_backward(dys, ys)))
+        for M, N, cfg in ((8192, 131072, None), (4096, 262144, None), (4096, 262144, ("persistent", 8, 8, 16, 8))):
+            xl = (torch.randn(M, N, device="cuda", generator=g) * 2).to(torch.bfloat16)
+            tl = torch.randint(0, N, (M,), device="cuda", generator=g)
+            if cfg is None:
+                out.append((f"long_cross_entropy_fwdbwd {M}x{N}", 4 * M * N,
+                            lambda xl=xl, tl=tl: fk.cross_entropy(xl, tl, return_grad=True)[1]))
+                continue
+            gl, loss = torch.empty_like(xl), torch.empty(M, device="cuda")
+            stream = torch.cuda.current_stream().cuda_stream
+
+            def run(xl=xl, tl=tl, gl=gl, loss=loss, M=M, N=N, cfg=cfg):
+                cce.forward(xl.data_ptr(), tl.data_ptr(), False, gl.data_ptr(), loss.data_ptr(), 0, 0, M, N,
+                            "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
+                return gl
+            out.append((f"long_cross_entropy_persistent {M}x{N}", 4 * M * N, run))
     # the FP8 GEMM (bf16 output; "bytes" here are 2MNK / 1000, so "of copy" only compares variants and
     # cuBLASLt, AB_PEERS=1, with each other): split accumulation at the K = 4096 / 8192 shapes and the
     # fused epilogue's two shapes below 1.2x (8192^3, 16384 x 14336 x 4096), fast as a control for

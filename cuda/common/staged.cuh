@@ -5,10 +5,10 @@
 // from registers. Used by softmax_fwd_staged / softmax_bwd_staged (cuda/softmax.cu) and
 // ce_fwd_persistent (cuda/cross_entropy.cu).
 //
-//   StagedChunk ch(inputs, smem, &bar, N);  // this CTA's chunk [v0, vend) of NT inputs' rows
+//   StagedChunk<T, VEC, CLUSTER, NT, ITEMS, T_ROW> ch(inputs, smem, bars, N);  // this CTA's chunk [v0, vend)
 //   staged_open<CLUSTER>(ch, box, row, load_first);
-//   per row: ch.wait(phase); ch.take<ITEMS, T_ROW>(i, regs) per input; __syncthreads();
-//            thread 0: ch.load(next row); then reduce, merge (MailboxStep), write from registers
+//   per row: ch.take_row(regs, phase, wait, next row); then reduce, merge (MailboxStep), write from
+//            registers
 //   staged_close<CLUSTER>();
 #pragma once
 #include "common/vec.cuh"
@@ -17,26 +17,39 @@
 
 namespace fk {
 
+// FK_STAGED_PIECES: the chunk of each input arrives as that many bulk copies (pieces of whole items,
+// one mbarrier each) instead of one, so the refill of piece p for the next row is issued as soon as
+// piece p of the current row is in registers, and loads stay in flight while the rest is taken (1 = one
+// copy; a count that does not divide ITEMS falls back to 1). An experiment, off: docs/perf_notes.rst.
+#ifndef FK_STAGED_PIECES
+#define FK_STAGED_PIECES 1
+#endif
+
 // A CTA's part of the rows of a persistent staged kernel: CLUSTER CTAs split a row of N / VEC 16-byte
 // vectors into contiguous chunks; this CTA holds vectors [v0, vend) (possibly none) and walks rows
-// blockIdx.x / CLUSTER, + G, ... (G = the grid's clusters). load(row), thread 0, where bytes > 0: one
-// bulk copy per input (NT inputs of row length N) of its chunk of `row` into NT consecutive chunk
-// buffers of shared memory, all completing one mbarrier; wait(phase), every thread: until the last
-// load has landed; take(i, r): vector v0 + threadIdx.x + i * T_ROW of input i's buffer into r (zeros
-// past vend): thread t's register mapping of the cluster kernels.
-template <typename T, int VEC, int CLUSTER, int NT>
+// blockIdx.x / CLUSTER, + G, ... (G = the grid's clusters). Thread t keeps vectors v0 + t + i * T_ROW,
+// i < ITEMS, of each of NT inputs (row length N) in registers: the register mapping of the cluster
+// kernels. The chunk buffers in shared memory (NT consecutive chunks) are filled by bulk copies in
+// PIECES pieces of ITEMS / PIECES items each, piece p completing mbarrier p.
+//   load(row), thread 0: every piece of `row` (the first row);
+//   take_row(r, phase, wait, next), every thread: per piece, wait until it has landed (if `wait`), move
+//   it to registers (zeros past vend, or everywhere if not `wait`), a block barrier, then thread 0
+//   refills it with row `next` (none if next < 0).
+template <typename T, int VEC, int CLUSTER, int NT, int ITEMS, int T_ROW>
 struct StagedChunk {
   static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
+  static constexpr int PIECES = ITEMS % FK_STAGED_PIECES == 0 ? FK_STAGED_PIECES : 1;
+  static constexpr int PIECE_ITEMS = ITEMS / PIECES;
   using V = Vec<T, VEC>;
   const T* src[NT];
   V* stage;
   StageRing ring;
   long long G, N;
   int chunk, v0, vend;
-  unsigned bytes;
 
-  __device__ __forceinline__ StagedChunk(const T* const (&inputs)[NT], void* smem, unsigned long long* bar, int n)
-      : stage(reinterpret_cast<V*>(smem)), ring(bar, 1), G(gridDim.x / CLUSTER), N(n) {
+  // bars: PIECES mbarriers in shared memory
+  __device__ __forceinline__ StagedChunk(const T* const (&inputs)[NT], void* smem, unsigned long long* bars, int n)
+      : stage(reinterpret_cast<V*>(smem)), ring(bars, PIECES), G(gridDim.x / CLUSTER), N(n) {
 #pragma unroll
     for (int i = 0; i < NT; ++i) src[i] = inputs[i];
     const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
@@ -44,31 +57,46 @@ struct StagedChunk {
     chunk = (nvec + CLUSTER - 1) / CLUSTER;
     v0 = min(rank * chunk, nvec);
     vend = min(v0 + chunk, nvec);
-    bytes = (unsigned)(vend - v0) * 16u;
   }
-  __device__ __forceinline__ void load(long long row) const {  // (callers test bytes > 0)
-    ring.expect(0, NT * bytes);
+  // piece p: the vectors [v0 + piece_lo(p), v0 + piece_lo(p + 1)) of the chunk (the chunk holds at most
+  // ITEMS * T_ROW vectors: the host's config fits it)
+  __device__ __forceinline__ int piece_lo(int p) const {
+    return PIECES == 1 ? (p == 0 ? 0 : vend - v0) : min(p * PIECE_ITEMS * T_ROW, vend - v0);
+  }
+  __device__ __forceinline__ unsigned piece_bytes(int p) const { return (unsigned)(piece_lo(p + 1) - piece_lo(p)) * 16u; }
+  __device__ __forceinline__ void load_piece(int p, long long row) const {
+    const unsigned b = piece_bytes(p);
+    if (b == 0) return;
+    ring.expect(p, NT * b);
+    const int lo = piece_lo(p);
 #pragma unroll
     for (int i = 0; i < NT; ++i)
-      bulk_load(stage + i * chunk, src[i] + row * N + (long long)v0 * VEC, bytes, ring.bar(0));
+      bulk_load(stage + i * chunk + lo, src[i] + row * N + (long long)(v0 + lo) * VEC, b, ring.bar(p));
   }
-  __device__ __forceinline__ void wait(unsigned& phase) const {
-    if (bytes > 0) {
-      ring.wait(0, phase);
-      phase ^= 1u;
-    }
-  }
-  template <int ITEMS, int T_ROW>
-  __device__ __forceinline__ void take(int input, V (&r)[ITEMS]) const {
+  __device__ __forceinline__ void load(long long row) const {
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int v = v0 + threadIdx.x + i * T_ROW;
-      if (v < vend) {
-        r[i] = stage[input * chunk + v - v0];
-      } else {
-        vec_zero(r[i]);
+    for (int p = 0; p < PIECES; ++p) load_piece(p, row);
+  }
+  __device__ __forceinline__ void take_row(V (&r)[NT][ITEMS], unsigned& phase, bool wait, long long next) const {
+#pragma unroll
+    for (int p = 0; p < PIECES; ++p) {
+      if (wait && piece_bytes(p) > 0) ring.wait(p, phase);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int k = p * PIECE_ITEMS; k < (p + 1) * PIECE_ITEMS; ++k) {
+          const int v = v0 + threadIdx.x + k * T_ROW;
+          if (wait && v < vend) {
+            r[i][k] = stage[i * chunk + v - v0];
+          } else {
+            vec_zero(r[i][k]);
+          }
+        }
       }
+      __syncthreads();  // piece p is read: refill it with the next row's
+      if (threadIdx.x == 0 && next >= 0) load_piece(p, next);
     }
+    if (wait) phase ^= 1u;
   }
 };
 
@@ -80,7 +108,7 @@ __device__ __forceinline__ void staged_open(const C& ch, BOX& box, long long row
   if (threadIdx.x == 0) {
     ch.ring.init();
     if constexpr (CLUSTER > 1) box.init();
-    if (ch.bytes > 0 && load_first) ch.load(row);
+    if (load_first) ch.load(row);
   }
   __syncthreads();  // the barrier's init is visible
   if constexpr (CLUSTER > 1) {
