@@ -48,22 +48,14 @@ __device__ __forceinline__ float act_f(float x) {
   }
 }
 
-// Experiment (0 = shipped): FK_GELU_TANH_FOLDED = 1 evaluates GeLU-tanh's derivative with its constants
-// folded: e = 2^(x (a1 + a2 x^2)), a1 = -2 k0 log2(e), a2 = a1 k1 (no separate prescale), s = 1 / (1 + e),
-// and s + (x s)(1 - s)(b1 + b3 x^2) as one FFMA, b1 = 2 k0, b3 = 3 b1 k1. Why: the dgelu + dbias
-// cast-transpose has up to 45 SASS instructions per element against the plain cast's 21 (static counts),
-// so issue may be a large share of its time at 16 warps per SM (not yet confirmed by ncu). Offline (NVRTC
-// 13.0, sm_90a): that kernel 2880 -> 2304 instructions, 126 registers, no spills in activations.cu or
-// fp8_cast.cu; off, both files' SASS are unchanged. Prediction: dgelu + dbias 0.86 -> 0.88 of copy.
-// Rounding: a few ulp either way; +-inf give NaN as the shipped form does. A/B and tests: the command in
-// docs/perf_notes.rst (session of 2026-12-06, 10:51Z).
-#ifndef FK_GELU_TANH_FOLDED
-#define FK_GELU_TANH_FOLDED 0
-#endif
-
 template <int ACT>
 __device__ __forceinline__ float dact_f(float x) {
-  if constexpr (ACT == GELU_TANH && FK_GELU_TANH_FOLDED) {
+  if constexpr (ACT == GELU_TANH) {
+    // d/dx x sigmoid(2u), u = k0 (x + k1 x^3): s + x s (1 - s) (b1 + b3 x^2) with s = 1 / (1 + e),
+    // e = 2^(x (a1 + a2 x^2)), the constants folded (b1 = 2 k0, b3 = 3 b1 k1, a1 = -b1 log2(e), a2 = a1 k1)
+    // and the tail one FFMA: the dgelu + dbias cast-transpose 2880 -> 2304 SASS instructions, 0.85-0.86
+    // -> 0.90-0.91 of copy on the H100 (ab_gelu_folded_H100_2026-12-06T1450Z.json). A few ulp from the
+    // unfolded form; +-inf give NaN as it did.
     constexpr float kB1 = 2.f * 0.7978845608028654f;            // d(2u)/dx = b1 + b3 x^2
     constexpr float kB3 = 3.f * kB1 * 0.044715f;
     constexpr float kA1 = -kB1 * 1.4426950408889634f;            // -2u log2(e) = x (a1 + a2 x^2)
@@ -71,10 +63,6 @@ __device__ __forceinline__ float dact_f(float x) {
     const float x2 = x * x;
     const float s = __fdividef(1.f, 1.f + exp2f_approx(x * fmaf(kA2, x2, kA1)));
     return fmaf((x * s) * (1.f - s), fmaf(kB3, x2, kB1), s);
-  } else if constexpr (ACT == GELU_TANH) {
-    // d/dx x sigmoid(2u) = s + 2 x s (1 - s) u'(x), s = sigmoid(2u), u' = k0 (1 + 3 k1 x^2)
-    const float s = sigmoid_fast(2.f * gelu_tanh_arg(x));
-    return s + 2.f * x * s * (1.f - s) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * x * x);
   } else if constexpr (ACT == GELU_ERF) {
     return 0.5f * (1.f + erff(x * 0.7071067811865476f)) + x * expf(-0.5f * x * x) * 0.3989422804014327f;
   } else if constexpr (ACT == SILU) {
