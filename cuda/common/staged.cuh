@@ -20,7 +20,9 @@ namespace fk {
 // FK_STAGED_PIECES: the chunk of each input arrives as that many bulk copies (pieces of whole items,
 // one mbarrier each) instead of one, so the refill of piece p for the next row is issued as soon as
 // piece p of the current row is in registers, and loads stay in flight while the rest is taken (1 = one
-// copy; a count that does not divide ITEMS falls back to 1). An experiment, off: docs/perf_notes.rst.
+// copy; a count that does not divide ITEMS falls back to 1). An experiment, off: on the H100 two pieces
+// tied with one and four or eight lost 9-10 points to their barriers (ab_staged_pieces_H100_2026-12-06T1450Z
+// .json); two wait for an H200 A/B (docs/perf_notes.rst).
 #ifndef FK_STAGED_PIECES
 #define FK_STAGED_PIECES 1
 #endif

@@ -60,7 +60,9 @@ STAGED_CLUSTER_POLICY = 0
 # the rule where it applies (the softmax forward's long-row scheme). Sweep
 # sweep_ce_persistent_2026-12-05T1011Z.json (2^30 bf16 elements, loss and gradient, fraction of copy):
 # 8192 x 131072 (8, 32, 2) 0.885 against 0.856 for the staged rule (4 CTAs x 64 KB; H100 benchmarks
-# 102254Z / 102556Z: 0.878 / 0.874); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847.
+# 102254Z / 102556Z: 0.878 / 0.874); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847
+# (on an H100 the other way round, 0.936 against 0.906: ab_staged_pieces_H100_2026-12-06T1450Z.json;
+# the H200 A/B decides).
 # PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
 TUNED_PERSISTENT: dict = {(131072, 2): (8, 32, 2)}
 PERSISTENT_CANDIDATES = {32768: ((8, 16, 1), (4, 32, 1)),
