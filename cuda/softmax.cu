@@ -559,8 +559,8 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c,
-                                                        MailboxStep<CLUSTER>{&box, step, rank});
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend,
+                                                        c, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }
@@ -717,8 +717,8 @@ softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[2][ITEMS];  // y's chunk, dy's
     ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
-    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(in[0], in[1], dx, row * (long long)N, true, ch.v0, ch.vend, scale,
-                                                  MailboxStep<CLUSTER>{&box, step, rank});
+    softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(in[0], in[1], dx, row * (long long)N, true, ch.v0, ch.vend,
+                                                  scale, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }

@@ -21,8 +21,8 @@ namespace fk {
 // one mbarrier each) instead of one, so the refill of piece p for the next row is issued as soon as
 // piece p of the current row is in registers, and loads stay in flight while the rest is taken (1 = one
 // copy; a count that does not divide ITEMS falls back to 1). An experiment, off: on the H100 two pieces
-// tied with one and four or eight lost 9-10 points to their barriers (ab_staged_pieces_H100_2026-12-06T1450Z
-// .json); two wait for an H200 A/B (docs/perf_notes.rst).
+// tied with one, four or eight lost 9-10 points to their barriers
+// (ab_staged_pieces_H100_2026-12-06T1450Z.json); two wait for an H200 A/B (docs/perf_notes.rst).
 #ifndef FK_STAGED_PIECES
 #define FK_STAGED_PIECES 1
 #endif
@@ -65,7 +65,9 @@ struct StagedChunk {
   __device__ __forceinline__ int piece_lo(int p) const {
     return PIECES == 1 ? (p == 0 ? 0 : vend - v0) : min(p * PIECE_ITEMS * T_ROW, vend - v0);
   }
-  __device__ __forceinline__ unsigned piece_bytes(int p) const { return (unsigned)(piece_lo(p + 1) - piece_lo(p)) * 16u; }
+  __device__ __forceinline__ unsigned piece_bytes(int p) const {
+    return (unsigned)(piece_lo(p + 1) - piece_lo(p)) * 16u;
+  }
   __device__ __forceinline__ void load_piece(int p, long long row) const {
     const unsigned b = piece_bytes(p);
     if (b == 0) return;
