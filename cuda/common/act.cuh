@@ -5,6 +5,7 @@
 // 0.5 x (1 + tanh(u)) without its cancellation at x << 0); GeLU (erf form) keeps erff / expf. Formulas
 // and derivatives as fusedkit/reference/activations.py (float64).
 #pragma once
+#include "common/fastmath.cuh"
 
 namespace fk {
 
@@ -17,14 +18,6 @@ enum Act : int { GELU_TANH = 0, GELU_ERF = 1, SILU = 2, RELU = 3, SQUARED_RELU =
 // dtype's tolerance); e^-z = inf (z < -88) gives exactly 0, e^-z -> 0 gives 1.
 __device__ __forceinline__ float sigmoid_fast(float z) {
   return __fdividef(1.f, 1.f + __expf(-z));
-}
-
-// 2^z by the hardware's ex2.approx (one MUFU.EX2, as in __expf after its log2(e) prescale; subnormal
-// inputs and results flush to 0, which changes no sigmoid).
-__device__ __forceinline__ float exp2f_approx(float z) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(z));
-  return r;
 }
 
 // u(x) = sqrt(2 / pi) (x + 0.044715 x^3), the argument of tanh in the tanh-approximated GeLU.
@@ -61,7 +54,7 @@ __device__ __forceinline__ float dact_f(float x) {
     constexpr float kA1 = -kB1 * 1.4426950408889634f;            // -2u log2(e) = x (a1 + a2 x^2)
     constexpr float kA2 = kA1 * 0.044715f;
     const float x2 = x * x;
-    const float s = __fdividef(1.f, 1.f + exp2f_approx(x * fmaf(kA2, x2, kA1)));
+    const float s = __fdividef(1.f, 1.f + ex2_approx(x * fmaf(kA2, x2, kA1)));
     return fmaf((x * s) * (1.f - s), fmaf(kB3, x2, kB1), s);
   } else if constexpr (ACT == GELU_ERF) {
     return 0.5f * (1.f + erff(x * 0.7071067811865476f)) + x * expf(-0.5f * x * x) * 0.3989422804014327f;

@@ -24,6 +24,7 @@
 // the same tree gets the same bits. The same holds for LseStats (the pair plus two fp32 sums).
 // warp_merge / row_merge here and cluster_merge (common/cluster.cuh) serve both types through StatsOps.
 #pragma once
+#include "common/fastmath.cuh"
 
 namespace fk {
 
@@ -43,9 +44,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 #endif
 __device__ __forceinline__ float exp2_nonpos(float t) {
 #if FK_FAST_EXP
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
-  return r;
+  return ex2_approx(t);
 #else
   return exp2f(t);
 #endif
