@@ -541,28 +541,41 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // of copy at 65536). Cluster merge per row: MailboxStep (common/staged.cuh), step k = the k-th row.
 // Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared memory =
 // ceil(N / VEC / CLUSTER) x 16 bytes.
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+// GROUPED (launched cooperatively, without a cluster): the CLUSTER CTAs of a row are consecutive blocks
+// that merge through the L2 mailbox at xchg (l2_group_slots<CLUSTER>() slots per group, zeroed; L2Step),
+// so groups fill the CTA slots that clusters of 8 leave idle (common/staged.cuh). Same per-thread sums
+// and merge order: the same bits as the cluster form.
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, bool GROUPED = false>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
-softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
+softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale,
+                   L2Slot* __restrict__ xchg) {
   constexpr int T_ROW = 32 * WARPS;
+  constexpr int CL = GROUPED ? 1 : CLUSTER;  // the hardware cluster
   extern __shared__ __align__(16) unsigned char softmax_stage[];
   using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW>;
   __shared__ unsigned long long bars[Chunk::PIECES];
-  __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
+  __shared__ ClusterMailbox<float4, CL, 2> box;  // CL > 1: every CTA's statistics of a row
   const T* inputs[1] = {x};
   const Chunk ch(inputs, softmax_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  staged_open<CLUSTER>(ch, box, row, true);
+  L2Slot* const group = xchg + (blockIdx.x / CLUSTER) * l2_group_slots<CLUSTER>();
+  staged_open<CL>(ch, box, row, true);
   const float c = __fmul_rn(scale, kLog2e);
   unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend,
-                                                        c, MailboxStep<CLUSTER>{&box, step, rank});
+    if constexpr (GROUPED) {
+      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
+                                                          ch.vend, c, L2Step<CLUSTER>{group, step, rank});
+    } else {
+      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
+                                                          ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
+    }
   }
-  staged_close<CLUSTER>();
+  if constexpr (GROUPED) l2_close<CLUSTER>(group);
+  staged_close<CL>();
 }
 
 // Rows too long for registers: one row per block, two passes over global memory.

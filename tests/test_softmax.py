@@ -507,6 +507,22 @@ def test_forced_config_must_hold_the_row():
     cs.check_covers("softmax_bwd", ("staged", 8, 4, 16, 16), 262144)
 
 
+def test_grouped_config():
+    """The grouped kind: the staged forward's kernel with GROUPED set, the staged geometry (C CTAs a row),
+    and the same row-coverage check; the compile-all check builds the sweep's candidates."""
+    cfg = ("grouped", 8, 8, 16, 8)
+    assert (cs.fwd_expr(cfg, "bfloat16", "bfloat16", False, cs.MASK_NONE)
+            == "fk::softmax_fwd_staged<fk::bf16, fk::bf16, 8, 8, 16, 8, false, true>")
+    assert cs._geometry(cfg) == ((512, 1), 1, 8)
+    assert cs.staged_smem(cfg, 262144) == 4096 * 16
+    cs.check_covers("softmax_fwd", cfg, 262144)
+    with pytest.raises(ValueError, match="does not hold rows of 262144"):
+        cs.check_covers("softmax_fwd", ("grouped", 8, 4, 16, 8), 262144)
+    exprs = set(cs.all_expressions()[cs.FILE])
+    for c in cs.STAGED_FWD_CANDIDATES[262144]:
+        assert cs.fwd_expr(c, "bfloat16", "bfloat16", False, cs.MASK_NONE) in exprs
+
+
 def test_full_rows_flag():
     """The FULL flag (bounds tests compiled out) only where an unmasked row fills its register config
     exactly, and those kernels are among the compile-all check's instantiations."""
@@ -605,6 +621,10 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
     (65544, ("staged", 8, 8, 32, 2), 2),         # cluster of 2, last chunk partial, 3 rows per cluster
     (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
     (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
+    (65544, ("grouped", 8, 8, 32, 2), 2),        # groups of 2 merging through L2, 3 rows per group
+    (4104, ("grouped", 8, 2, 4, 4), 4),          # chunks of 129 vectors (last 126)
+    (800, ("grouped", 8, 1, 1, 16), 1),          # a group of 16 walks all 6 rows; the last CTA holds nothing
+    (262144, ("grouped", 8, 8, 16, 8), None),    # the candidate split: a group per row
 ], ids=str)
 def test_staged_forward(monkeypatch, N, cfg, max_grid):
     """The persistent staged forward (a bulk copy of the next row's chunk per CTA) against the float64
@@ -620,8 +640,37 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     assert_rows(fk.softmax(X, scale=0.5), softmax64(x, 0.5), "bfloat16", "y")
     assert_close(fk.log_softmax(X), log_softmax64(x), "bfloat16", "log_softmax")
     assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", "y fp32")
-    assert all(plan[5] is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
+    assert all(plan[5] is not None and plan[6] == (cfg[0] == "grouped")  # the staged kernel ran
+               for plan in cs._fwd_plans.values())
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N, items, warps, c, max_grid", [
+    (262144, 8, 16, 8, None), (262144, 8, 16, 8, 3), (65544, 8, 32, 2, 5), (4104, 2, 4, 4, 2)], ids=str)
+def test_grouped_equals_cluster(monkeypatch, N, items, warps, c, max_grid):
+    """The grouped staged forward (L2 mailbox) gives the bits of the cluster form (same sums, same merge
+    order), on many rows per group, again and again on one stream (each launch leaves the mailbox zeroed
+    for the next) and on a second stream (its own mailbox)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cs, "STAGED_MAX_GRID", max_grid)
+    rng = rng_for("grouped", N, items, warps, c, max_grid)
+    x = rand(rng, (37, N), "bfloat16", scale=3.0)
+    x[5] += 3e3
+    X = to_backend(x, "torch")
+    got = {}
+    for kind in ("staged", "grouped"):
+        monkeypatch.setattr(cs, "fwd_config", lambda *a, kind=kind, **k: (kind, 8, items, warps, c))
+        monkeypatch.setattr(cs, "_fwd_plans", {})
+        got[kind] = [fk.softmax(X).view(torch.int16) for _ in range(3)]
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            got[kind].append(fk.softmax(X).view(torch.int16))
+        torch.cuda.synchronize()
+        assert [plan[6] for plan in cs._fwd_plans.values()] == [kind == "grouped"]
+    assert_rows(got["grouped"][0].view(torch.bfloat16), softmax64(x, 1.0), "bfloat16", "y")
+    for k, y in enumerate(got["grouped"]):
+        assert torch.equal(y, got["staged"][0]), f"grouped call {k} differs from the cluster form"
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """Small softmax calls covering every kernel kind once (register rows with several rows per block and
 with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
 causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
-fp16, fp32 and an fp32 output; the persistent staged forward and backward), for compute-sanitizer memcheck /
+fp16, fp32 and an fp32 output; the persistent staged forward (clusters, and groups merging through L2)
+and backward), for compute-sanitizer memcheck /
 racecheck / synccheck. CuPy arrays (no bf16: the 16-bit paths are shared with fp16). Exits non-zero on
 a wrong result.
 
@@ -73,11 +74,12 @@ for dtype, shape in CASES:
             y = fk.softmax(X, mask=cupy.asarray(m), causal=causal)
             check(f"{name} {dtype} {shape}", y, ref.softmax(x, mask=m, causal=causal), tol)
 # the persistent staged forward: each CTA walks several rows (grid capped), a partial last chunk, a
-# cluster of 16 whose last CTA holds nothing
+# cluster of 16 whose last CTA holds nothing; the grouped form (L2 mailbox) the same
 cs.STAGED_MAX_GRID = 2
 real_fwd_config = cs.fwd_config
 for shape, cfg in (((5, 65536), ("staged", 8, 8, 32, 1)), ((5, 65544), ("staged", 8, 8, 32, 2)),
-                   ((5, 800), ("staged", 8, 1, 1, 16))):
+                   ((5, 800), ("staged", 8, 1, 1, 16)), ((5, 65544), ("grouped", 8, 8, 32, 2)),
+                   ((5, 800), ("grouped", 8, 1, 1, 16))):
     cs.fwd_config, cs._fwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
     x = (rng.standard_normal(shape) * 2).astype("float16")
     check(f"staged softmax {cfg} {shape}", fk.softmax(cupy.asarray(x), scale=0.5), ref.softmax(x, scale=0.5), 4e-3)

@@ -49,7 +49,8 @@ def main(argv=None):
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--save", metavar="DIR", help="write <file>.sass into DIR")
     p.add_argument("--against", metavar="DIR", help="compare per kernel with an earlier --save")
-    p.add_argument("--default-arg", metavar="V", help="a trailing template argument V added with a default")
+    p.add_argument("--default-arg", metavar="V",
+                   help="a trailing template argument V (an int, true or false) added with a default")
     args = p.parse_args(argv)
     status = 0
     tool = nvdisasm()
@@ -91,7 +92,8 @@ def kernels(sass: str) -> dict:
 
 
 def compare(before: dict, after: dict, default_arg=None) -> int:
-    suffix = f"ELi{default_arg}E" if default_arg is not None else None
+    bools = {"false": "ELb0E", "true": "ELb1E"}
+    suffix = bools.get(default_arg, f"ELi{default_arg}E") if default_arg is not None else None
     renamed = {}
     for name, body in after.items():
         key = name

@@ -10,6 +10,13 @@
 //   per row: ch.take_row(regs, phase, wait, next row); then reduce, merge (MailboxStep), write from
 //            registers
 //   staged_close<CLUSTER>();
+//
+// Grouped form (no cluster): the CLUSTER CTAs of a row are a group of consecutive blocks that need not
+// share a GPC, merging per row through an L2 mailbox in global memory (L2Step) instead of distributed
+// shared memory. Clusters of 8 or 16 CTAs fill 240 / 336 of the H100's CTA slots (30 / 21 resident
+// clusters: the GPCs do not divide into them), groups fill every slot. The kernel is launched
+// cooperatively (all blocks resident, or the launch fails: a group's CTAs wait on each other), uses
+// staged_open<1> / staged_close<1>, and ends with l2_close.
 #pragma once
 #include "common/vec.cuh"
 #include "common/bulk.cuh"
@@ -147,5 +154,68 @@ struct MailboxStep {
     return st;
   }
 };
+
+// The L2 mailbox of a row group (grouped form): per step one value of each of C CTAs, in slot set
+// step % 2 of the group's 2 x C slots, tagged step + 1 (0: empty). A sender's thread 0 stores its value
+// then releases the tag (st.release.gpu); on every warp of every CTA of the group, lane r acquires rank
+// r's tag (ld.acquire.gpu, spinning until it reads step + 1), reads the value past L1 and the lanes merge
+// in rank order (combine_lanes), so every CTA gets the same bits. A CTA sends step k + 2 into the slot of
+// step k only after it received step k + 1, i.e. after every CTA of the group sent step k + 1, which each
+// does only after a block barrier that follows all its reads of step k (the same rule as MailboxStep).
+// l2_close leaves the slots zeroed for the next launch: the last CTA of the group to finish (a counter
+// after the slots) clears the tags and the counter. The buffer is zero before the first launch (the
+// host's); a launch that dies midway leaves it dirty.
+struct alignas(16) L2Slot {
+  float4 v;
+  unsigned long long tag, pad;
+};
+
+template <int C>
+struct L2Step {
+  L2Slot* slots;  // the group's 2 x C slots, then its counter
+  int step, rank;
+  template <typename S>
+  __device__ __forceinline__ S operator()(S st) const {
+    L2Slot* set = slots + (step & 1) * C;
+    const unsigned long long tag = (unsigned long long)step + 1;
+    if (threadIdx.x == 0) {
+      const float4 v = mailbox_value(st);
+      asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};"
+                   :: "l"(&set[rank].v), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+      asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(&set[rank].tag), "l"(tag) : "memory");
+    }
+    const int lane = threadIdx.x & 31;
+    float4 mine = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (lane < C) {
+      unsigned long long seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(&set[lane].tag) : "memory");
+      } while (seen != tag);
+      asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(mine.x), "=f"(mine.y), "=f"(mine.z), "=f"(mine.w) : "l"(&set[lane].v) : "memory");
+    }
+    return combine_lanes<C>(mine, st);
+  }
+};
+
+// The end of a grouped kernel (every thread of the CTA): the last CTA of the group to get here clears
+// the group's tags and counter.
+template <int C>
+__device__ __forceinline__ void l2_close(L2Slot* slots) {
+  __syncthreads();  // every thread's reads of the last step are done
+  if (threadIdx.x == 0) {
+    unsigned* done = reinterpret_cast<unsigned*>(slots + 2 * C);
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(done) : "memory");
+    if (before == C - 1) {
+      for (int i = 0; i < 2 * C; ++i) slots[i].tag = 0ull;
+      *done = 0u;
+    }
+  }
+}
+
+// Slots of one group's L2 mailbox (2 x C, then one for the counter).
+template <int C>
+__host__ __device__ constexpr int l2_group_slots() { return 2 * C + 1; }
 
 }  // namespace fk

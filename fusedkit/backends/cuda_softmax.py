@@ -12,6 +12,10 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
   bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
   The backward has the same kind for y and dy (two bulk copies per row; TUNED_STAGED_BWD names the
   shapes).
+* ``("grouped", vec, items, warps, C)``: the staged forward without clusters: the C CTAs of a row are
+  consecutive blocks of a cooperative launch that merge through an L2 mailbox (a zeroed buffer per
+  stream, ``_common.group_exchange``), so the grid fills every CTA slot where clusters of 8 leave some
+  idle (30 clusters of 8 = 240 of the H100's 264 slots at 262144).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -27,7 +31,8 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import align_elems, blocks_per_sm, check_row_config, launcher, sm_count, vec_width
+from ._common import (align_elems, blocks_per_sm, check_row_config, group_exchange, launcher, sm_count,
+                      vec_width)
 from ._common import resident_clusters as _resident_clusters  # module-level: tests replace it
 
 FILE = "softmax.cu"
@@ -66,6 +71,11 @@ TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 # 0.942 against 0.826 for the cluster kernel of the same split; (8, 16, 8) 0.926, (4, 32, 8) 0.922.
 # STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
 TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
+# Candidates of the staged forward at 262144 for the A/B of the grouped kind (tools/ab_softmax_grouped.py):
+# the shipped split without clusters, 16 CTAs of 256 or 512 threads (32 KB chunks, 4 CTAs a SM) and one
+# 1024-thread CTA a SM; the compile-all check builds them.
+STAGED_FWD_CANDIDATES = {262144: (("grouped", 8, 8, 16, 8), ("grouped", 8, 8, 8, 16), ("grouped", 8, 4, 16, 16),
+                                  ("grouped", 8, 4, 32, 8))}
 STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
 STAGED_MAX_GRID = None
 
@@ -147,11 +157,12 @@ def fwd_expr(cfg, x_dt, o_dt, log, masking, N=None) -> str:
     if cfg[0] == "cluster":
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
-    if cfg[0] == "staged":
+    if cfg[0] in ("staged", "grouped"):
         assert masking == MASK_NONE, "the staged forward has no masks"
         assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
         vec, items, warps, c = cfg[1:5]
-        return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
+        grouped = ", true" if cfg[0] == "grouped" else ""
+        return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}{grouped}>"
     return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
 
 
@@ -176,7 +187,7 @@ def _geometry(cfg):
         warps = cfg[3]
         rpb = rows_per_block(warps)
         return (32 * warps, rpb), rpb, 1
-    if cfg[0] in ("cluster", "staged"):
+    if cfg[0] in ("cluster", "staged", "grouped"):
         return (32 * cfg[3], 1), 1, cfg[4]
     return (LOOPED_THREADS, 1), 1, 1
 
@@ -186,7 +197,7 @@ def check_covers(op: str, cfg, N: int) -> None:
     kernel takes any N."""
     if cfg[0] != "looped":
         vec, items, warps = cfg[1:4]
-        c = cfg[4] if cfg[0] in ("cluster", "staged") else 1
+        c = cfg[4] if cfg[0] in ("cluster", "staged", "grouped") else 1
         check_row_config(op, cfg, N, vec, c * 32 * warps * items)
 
 
@@ -297,12 +308,13 @@ def _log_config(op, expr, grid, block):
 
 FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
-STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES)
+STAGED_CODES = "ppqifp"  # x, y, M, N, scale, L2 mailbox (the staged backward takes BWD_CODES)
 
 
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
-    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
-    grid cap (resident clusters) only for the persistent staged kernel, else None. A config that cannot
+    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap, grouped) of
+    ``cfg``; the grid cap (resident clusters or groups) only for the persistent staged kernels, else
+    None; grouped: the kernel takes an L2 mailbox (``group_exchange``). A config that cannot
     be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
     (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
@@ -311,26 +323,27 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_C
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
         expr = expr_of(c)
-        if c[0] == "staged":
+        if c[0] in ("staged", "grouped"):
             smem = staged_smem(c, N, staged_tensors)
             try:
                 # (also opts the kernel in to more than 48 KB of shared memory)
                 per_sm = blocks_per_sm(_jit.get_kernel(FILE, expr, device), expr, device, block[0], smem)
             except RuntimeError:
                 per_sm = 0
-            fn = launcher(FILE, expr, staged_codes, device, per_row)
-            if per_row == 1 or not per_sm:
-                cap = per_sm * sm_count(device)
+            grouped = c[0] == "grouped"
+            fn = launcher(FILE, expr, staged_codes, device, 1 if grouped else per_row, cooperative=grouped)
+            if per_row == 1 or grouped or not per_sm:
+                cap = per_sm * sm_count(device) // per_row
             else:
                 cap = _resident_clusters(fn, block, device, smem)
             if cap > 0:
                 _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
-                return fn, block, rpb, per_row, smem, cap
+                return fn, block, rpb, per_row, smem, cap, grouped
         else:
             fn = launcher(FILE, expr, codes, device, per_row)
             if per_row == 1 or _resident_clusters(fn, block, device) > 0:
                 _log_config(op, expr, f"rows/{rpb}*{per_row}", block)
-                return fn, block, rpb, per_row, 0, None
+                return fn, block, rpb, per_row, 0, None, False
         _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
 
@@ -353,13 +366,14 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
         plan = _fwd_plans[key] = _launch_plan(
             "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking, N), FWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
-    fn, block, rpb, per_row, smem, cap = plan
+    fn, block, rpb, per_row, smem, cap, grouped = plan
     if M > 0 and N > 0:
+        sp = stream_ptr(stream)
         if cap is None:
-            fn(_grid(M, rpb, per_row), block, 0, stream_ptr(stream), x, mask, y, M, N, scale,
-               *_fwd_mask_args(mask_args))
-        else:  # the persistent staged kernel: at most one cluster per row
-            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, stream_ptr(stream), x, y, M, N, scale)
+            fn(_grid(M, rpb, per_row), block, 0, sp, x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
+        else:  # the persistent staged kernels: at most one cluster (group) per row
+            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, sp, x, y, M, N, scale,
+               group_exchange(device, sp) if grouped else 0)
 
 
 _bwd_plans: dict = _jit.plan_cache()
@@ -377,7 +391,7 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
             "softmax_bwd", cfg, lambda c: bwd_expr(c, dt, log), BWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N,
             staged_codes=BWD_CODES, staged_tensors=2)
-    fn, block, rpb, per_row, smem, cap = plan
+    fn, block, rpb, per_row, smem, cap, _ = plan
     if M > 0 and N > 0:  # the persistent staged kernel (cap): at most the resident clusters, one per row
         grid = _grid(M, rpb, per_row) if cap is None else min(M, cap, STAGED_MAX_GRID or cap) * per_row
         fn(grid, block, smem, stream_ptr(stream), dy, y, dx, M, N, scale)
@@ -404,6 +418,7 @@ def all_expressions():
                     exprs.add(bwd_expr(bwd_config(N, s, clusters, staged=True), dt, log))
                     if clusters and dt == "bfloat16":
                         exprs.update(bwd_expr(c, dt, log) for c in STAGED_BWD_CANDIDATES.get(N, ()))
+                        exprs.update(fwd_expr(c, dt, dt, log, MASK_NONE) for c in STAGED_FWD_CANDIDATES.get(N, ()))
                 if N in (7, 1024, 4096, 65536, 262144):
                     for masking in (MASK_CAUSAL, MASK_TENSOR, MASK_BOTH):
                         exprs.add(fwd_expr(fwd_config(N, s, clusters, masked=True), dt, dt, False, masking))
