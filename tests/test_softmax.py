@@ -650,27 +650,34 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     (262144, 8, 16, 8, None), (262144, 8, 16, 8, 3), (65544, 8, 32, 2, 5), (4104, 2, 4, 4, 2)], ids=str)
 def test_grouped_equals_cluster(monkeypatch, N, items, warps, c, max_grid):
     """The grouped staged forward (L2 mailbox) gives the bits of the cluster form (same sums, same merge
-    order), on many rows per group, again and again on one stream (each launch leaves the mailbox zeroed
-    for the next) and on a second stream (its own mailbox)."""
+    order), with many rows per group, call after call on one stream with other inputs each time (a
+    mailbox word left over from the previous launch would hand a CTA stale statistics) and on a second
+    stream (its own mailbox); a grouped launch of another group size runs first, so the buffer's previous
+    layout differs."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(cs, "STAGED_MAX_GRID", max_grid)
     rng = rng_for("grouped", N, items, warps, c, max_grid)
     x = rand(rng, (37, N), "bfloat16", scale=3.0)
     x[5] += 3e3
     X = to_backend(x, "torch")
+    monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: ("grouped", 8, 1, 1, 16))
+    monkeypatch.setattr(cs, "_fwd_plans", {})
+    fk.softmax(to_backend(rand(rng, (5, 800), "bfloat16"), "torch"))  # another layout of the mailbox
     got = {}
     for kind in ("staged", "grouped"):
         monkeypatch.setattr(cs, "fwd_config", lambda *a, kind=kind, **k: (kind, 8, items, warps, c))
         monkeypatch.setattr(cs, "_fwd_plans", {})
-        got[kind] = [fk.softmax(X).view(torch.int16) for _ in range(3)]
+        got[kind] = [fk.softmax(X * s).view(torch.int16) for s in (1.0, 0.5, 2.0)]
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            got[kind].append(fk.softmax(X).view(torch.int16))
+            got[kind].append(fk.softmax(X * 0.25).view(torch.int16))
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         assert [plan[6] for plan in cs._fwd_plans.values()] == [kind == "grouped"]
     assert_rows(got["grouped"][0].view(torch.bfloat16), softmax64(x, 1.0), "bfloat16", "y")
-    for k, y in enumerate(got["grouped"]):
-        assert torch.equal(y, got["staged"][0]), f"grouped call {k} differs from the cluster form"
+    for k, (y, want) in enumerate(zip(got["grouped"], got["staged"])):
+        assert torch.equal(y, want), f"grouped call {k} differs from the cluster form"
 
 
 @pytest.mark.gpu

@@ -155,19 +155,21 @@ struct MailboxStep {
   }
 };
 
-// The L2 mailbox of a row group (grouped form): per step one value of each of C CTAs, in slot set
-// step % 2 of the group's 2 x C slots, tagged step + 1 (0: empty). A sender's thread 0 stores its value
-// then releases the tag (st.release.gpu); on every warp of every CTA of the group, lane r acquires rank
-// r's tag (ld.acquire.gpu, spinning until it reads step + 1), reads the value past L1 and the lanes merge
-// in rank order (combine_lanes), so every CTA gets the same bits. A CTA sends step k + 2 into the slot of
-// step k only after it received step k + 1, i.e. after every CTA of the group sent step k + 1, which each
-// does only after a block barrier that follows all its reads of step k (the same rule as MailboxStep).
-// l2_close leaves the slots zeroed for the next launch: the last CTA of the group to finish (a counter
-// after the slots) clears the tags and the counter. The buffer is zero before the first launch (the
-// host's); a launch that dies midway leaves it dirty.
+// The L2 mailbox of a row group (grouped form): per step one float4 of each of C CTAs, in slot set
+// step % 2 of the group's 2 x C slots. Each float travels with the step's tag (step + 1) in one 64-bit
+// word (tag << 32 | float bits), so a word is valid on its own, with no fence: a sender's thread 0
+// stores its four words (st.relaxed.gpu, two 16-byte stores of two words); on every warp of every CTA
+// of the group, lane r polls rank r's words (ld.relaxed.gpu, past L1) until all four carry the tag, and
+// the lanes merge in rank order (combine_lanes), so every CTA gets the same bits. (A release store of a
+// separate tag, with acquire polling, read 0.72 of copy against 0.91 for the cluster form on the H100:
+// the release waits for the sender's earlier stores of the previous row.) A CTA sends step k + 2 into the
+// slot of step k only after it received step k + 1, i.e. after every CTA of the group sent step k + 1,
+// which each does only after a block barrier that follows all its reads of step k (the rule of
+// MailboxStep). l2_close leaves the group's slots and counter all zero, so a launch finds the buffer
+// zero whatever layout (C) the previous one used; the host zeroes it once. A launch that dies midway
+// leaves it dirty.
 struct alignas(16) L2Slot {
-  float4 v;
-  unsigned long long tag, pad;
+  unsigned long long w[4];
 };
 
 template <int C>
@@ -177,29 +179,34 @@ struct L2Step {
   template <typename S>
   __device__ __forceinline__ S operator()(S st) const {
     L2Slot* set = slots + (step & 1) * C;
-    const unsigned long long tag = (unsigned long long)step + 1;
+    const unsigned long long tag = ((unsigned long long)step + 1) << 32;
     if (threadIdx.x == 0) {
       const float4 v = mailbox_value(st);
-      asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};"
-                   :: "l"(&set[rank].v), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(&set[rank].tag), "l"(tag) : "memory");
+      asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};"
+                   :: "l"(&set[rank].w[0]), "l"(tag | __float_as_uint(v.x)), "l"(tag | __float_as_uint(v.y))
+                   : "memory");
+      asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};"
+                   :: "l"(&set[rank].w[2]), "l"(tag | __float_as_uint(v.z)), "l"(tag | __float_as_uint(v.w))
+                   : "memory");
     }
     const int lane = threadIdx.x & 31;
     float4 mine = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lane < C) {
-      unsigned long long seen;
+      unsigned long long a, b, c, d;
       do {
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(&set[lane].tag) : "memory");
-      } while (seen != tag);
-      asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                   : "=f"(mine.x), "=f"(mine.y), "=f"(mine.z), "=f"(mine.w) : "l"(&set[lane].v) : "memory");
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(&set[lane].w[0]) : "memory");
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(&set[lane].w[2]) : "memory");
+      } while (((a >> 32) != (tag >> 32)) | ((b >> 32) != (tag >> 32)) | ((c >> 32) != (tag >> 32)) |
+               ((d >> 32) != (tag >> 32)));
+      mine = make_float4(__uint_as_float((unsigned)a), __uint_as_float((unsigned)b), __uint_as_float((unsigned)c),
+                         __uint_as_float((unsigned)d));
     }
     return combine_lanes<C>(mine, st);
   }
 };
 
-// The end of a grouped kernel (every thread of the CTA): the last CTA of the group to get here clears
-// the group's tags and counter.
+// The end of a grouped kernel (every thread of the CTA): the last CTA of the group to get here zeroes
+// the group's slots and counter.
 template <int C>
 __device__ __forceinline__ void l2_close(L2Slot* slots) {
   __syncthreads();  // every thread's reads of the last step are done
@@ -208,8 +215,7 @@ __device__ __forceinline__ void l2_close(L2Slot* slots) {
     unsigned before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(done) : "memory");
     if (before == C - 1) {
-      for (int i = 0; i < 2 * C; ++i) slots[i].tag = 0ull;
-      *done = 0u;
+      for (int i = 0; i <= 2 * C; ++i) slots[i] = L2Slot{};
     }
   }
 }
