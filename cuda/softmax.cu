@@ -568,7 +568,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
     ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
     if constexpr (GROUPED) {
       softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
-                                                          ch.vend, c, L2Step<CLUSTER>{group, step, rank});
+                                                          ch.vend, c, L2Step<CLUSTER>{group, &box.slot[0][0], step, rank});
     } else {
       softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
                                                           ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});

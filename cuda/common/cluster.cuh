@@ -250,6 +250,12 @@ __device__ __forceinline__ float combine_ranks(const float4* all, float) { retur
 template <int CLUSTER, typename S>
 __device__ __forceinline__ S combine_ranks(const float4* all, const S&) { return merge_ranks<CLUSTER, S>(all); }
 
+// A value back from its mailbox image.
+__device__ __forceinline__ float from_mailbox(float4 v, float) { return v.x; }
+
+template <typename S>
+__device__ __forceinline__ S from_mailbox(float4 v, const S&) { return StatsOps<S>::unpack(v); }
+
 // The same from one value per lane (lane r: rank r's image; the L2 mailbox of common/staged.cuh).
 template <int CLUSTER>
 __device__ __forceinline__ float combine_lanes(float4 mine, float) { return sum_lanes<CLUSTER>(mine.x); }

@@ -30,6 +30,11 @@ namespace fk {
 // copy; a count that does not divide ITEMS falls back to 1). An experiment, off: on the H100 two pieces
 // tied with one, four or eight lost 9-10 points to their barriers
 // (ab_staged_pieces_H100_2026-12-06T1450Z.json); two wait for an H200 A/B (docs/perf_notes.rst).
+// FK_L2_WARP0_POLL (grouped kernels; 1 = only warp 0 polls the L2 mailbox): an experiment.
+#ifndef FK_L2_WARP0_POLL
+#define FK_L2_WARP0_POLL 0
+#endif
+
 #ifndef FK_STAGED_PIECES
 #define FK_STAGED_PIECES 1
 #endif
@@ -175,9 +180,25 @@ struct alignas(16) L2Slot {
 template <int C>
 struct L2Step {
   L2Slot* slots;  // the group's 2 x C slots, then its counter
+  float4* shared;  // FK_L2_WARP0_POLL: a float4 of shared memory for warp 0's result
   int step, rank;
   template <typename S>
   __device__ __forceinline__ S operator()(S st) const {
+    if constexpr (FK_L2_WARP0_POLL) {
+      // only warp 0 polls the L2 (16 warps polling put ~1 MB of L2 loads a round on the H100); the
+      // others take its result from shared memory after a block barrier
+      if (threadIdx.x < 32) {
+        const S r = exchange(st);
+        if (threadIdx.x == 0) *shared = mailbox_value(r);
+      }
+      __syncthreads();
+      return from_mailbox(*shared, st);
+    } else {
+      return exchange(st);
+    }
+  }
+  template <typename S>
+  __device__ __forceinline__ S exchange(S st) const {
     L2Slot* set = slots + (step & 1) * C;
     const unsigned long long tag = ((unsigned long long)step + 1) << 32;
     if (threadIdx.x == 0) {
