@@ -30,11 +30,6 @@ namespace fk {
 // copy; a count that does not divide ITEMS falls back to 1). An experiment, off: on the H100 two pieces
 // tied with one, four or eight lost 9-10 points to their barriers
 // (ab_staged_pieces_H100_2026-12-06T1450Z.json); two wait for an H200 A/B (docs/perf_notes.rst).
-// FK_L2_WARP0_POLL (grouped kernels; 1 = only warp 0 polls the L2 mailbox): an experiment.
-#ifndef FK_L2_WARP0_POLL
-#define FK_L2_WARP0_POLL 0
-#endif
-
 #ifndef FK_STAGED_PIECES
 #define FK_STAGED_PIECES 1
 #endif
@@ -163,16 +158,19 @@ struct MailboxStep {
 // The L2 mailbox of a row group (grouped form): per step one float4 of each of C CTAs, in slot set
 // step % 2 of the group's 2 x C slots. Each float travels with the step's tag (step + 1) in one 64-bit
 // word (tag << 32 | float bits), so a word is valid on its own, with no fence: a sender's thread 0
-// stores its four words (st.relaxed.gpu, two 16-byte stores of two words); on every warp of every CTA
-// of the group, lane r polls rank r's words (ld.relaxed.gpu, past L1) until all four carry the tag, and
-// the lanes merge in rank order (combine_lanes), so every CTA gets the same bits. (A release store of a
-// separate tag, with acquire polling, read 0.72 of copy against 0.91 for the cluster form on the H100:
-// the release waits for the sender's earlier stores of the previous row.) A CTA sends step k + 2 into the
+// stores its four words (st.relaxed.gpu, two 16-byte stores of two words); in warp 0 of every CTA of
+// the group lane r polls rank r's words (ld.relaxed.gpu, past L1) until all four carry the tag, the
+// lanes merge in rank order (combine_lanes), so every CTA gets the same bits, and lane 0 hands the result
+// to the other warps through shared memory (a block barrier). H100, 512 x 262144 softmax forward, 8 CTAs
+// of 512 threads a group (ab_softmax_grouped_*_H100_2026-12-06T17*.json; the cluster form 0.91 of copy
+// in each run): a release store of a separate tag with acquire polls in every warp 0.72 (the release
+// waits for the sender's earlier stores of the previous row), the tagged words polled by every warp
+// 0.77 (some 1 MB of L2 loads a polling round), by warp 0 only 0.91. A CTA sends step k + 2 into the
 // slot of step k only after it received step k + 1, i.e. after every CTA of the group sent step k + 1,
 // which each does only after a block barrier that follows all its reads of step k (the rule of
-// MailboxStep). l2_close leaves the group's slots and counter all zero, so a launch finds the buffer
-// zero whatever layout (C) the previous one used; the host zeroes it once. A launch that dies midway
-// leaves it dirty.
+// MailboxStep; the barrier here orders the shared float4's reuse the same way). l2_close leaves the
+// group's slots and counter all zero, so a launch finds the buffer zero whatever layout (C) the previous
+// one used; the host zeroes it once. A launch that dies midway leaves it dirty.
 struct alignas(16) L2Slot {
   unsigned long long w[4];
 };
@@ -180,22 +178,16 @@ struct alignas(16) L2Slot {
 template <int C>
 struct L2Step {
   L2Slot* slots;  // the group's 2 x C slots, then its counter
-  float4* shared;  // FK_L2_WARP0_POLL: a float4 of shared memory for warp 0's result
+  float4* shared;  // a float4 of shared memory: warp 0's result for the other warps
   int step, rank;
   template <typename S>
   __device__ __forceinline__ S operator()(S st) const {
-    if constexpr (FK_L2_WARP0_POLL) {
-      // only warp 0 polls the L2 (16 warps polling put ~1 MB of L2 loads a round on the H100); the
-      // others take its result from shared memory after a block barrier
-      if (threadIdx.x < 32) {
-        const S r = exchange(st);
-        if (threadIdx.x == 0) *shared = mailbox_value(r);
-      }
-      __syncthreads();
-      return from_mailbox(*shared, st);
-    } else {
-      return exchange(st);
+    if (threadIdx.x < 32) {
+      const S r = exchange(st);
+      if (threadIdx.x == 0) *shared = mailbox_value(r);
     }
+    __syncthreads();
+    return from_mailbox(*shared, st);
   }
   template <typename S>
   __device__ __forceinline__ S exchange(S st) const {
