@@ -566,9 +566,10 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
-    if constexpr (GROUPED) {
+    if constexpr (GROUPED) {  // warp 0's merged statistics pass through the unused mailbox's slot
       softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
-                                                          ch.vend, c, L2Step<CLUSTER>{group, &box.slot[0][0], step, rank});
+                                                          ch.vend, c,
+                                                          L2Step<CLUSTER>{group, &box.slot[0][0], step, rank});
     } else {
       softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
                                                           ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});

@@ -205,14 +205,15 @@ struct L2Step {
     const int lane = threadIdx.x & 31;
     float4 mine = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lane < C) {
+      const unsigned long long* w = set[lane].w;
       unsigned long long a, b, c, d;
       do {
-        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(&set[lane].w[0]) : "memory");
-        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(&set[lane].w[2]) : "memory");
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(w) : "memory");
+        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(w + 2) : "memory");
       } while (((a >> 32) != (tag >> 32)) | ((b >> 32) != (tag >> 32)) | ((c >> 32) != (tag >> 32)) |
                ((d >> 32) != (tag >> 32)));
-      mine = make_float4(__uint_as_float((unsigned)a), __uint_as_float((unsigned)b), __uint_as_float((unsigned)c),
-                         __uint_as_float((unsigned)d));
+      mine = make_float4(__uint_as_float((unsigned)a), __uint_as_float((unsigned)b),
+                         __uint_as_float((unsigned)c), __uint_as_float((unsigned)d));
     }
     return combine_lanes<C>(mine, st);
   }
