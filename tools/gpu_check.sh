@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check on the H200 (device tool): tests, compute-sanitizer, JIT timing, config sweep, benchmark,
 # asv. Run from the repo root; full logs go under $OUT, a short table is printed last.
-#   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,abflush,abunroll,abopts,abweights,bwdsmall,profile,bench,expbench,asv" bash tools/gpu_check.sh
+#   STAGES="test,sanitize,jit,sweep,sweepab,actsweep,softsweep,cesweep,gemm,gemmsweep,gemmrepeat,fp8sweep,abflush,abunroll,abopts,abweights,bwdsmall,longrows,profile,bench,expbench,asv" bash tools/gpu_check.sh
 #   (default: test,sanitize,jit,bench,asv; gemm runs the FP8 GEMM tests, sanitizer and benchmark on their
 #   own; profile runs ncu over tools/profile_kernels.py)
 #   EXP_OPTIONS="-DA=1;-DB=2" AB_DIRS=fwd: the sweepab stage's experiments. The expbench stage benches
@@ -147,6 +147,12 @@ if has abunroll; then  # the FP8 casts' walks (quantize, dequantize, block-scale
   # AB_UNROLL_OPS=op,op keeps some of its ops)
   timeout $(left 240) python3 tools/ab_unroll.py "$OUT/ab_unroll.json" --rounds 3 ${AB_UNROLL_OPS:+--ops "$AB_UNROLL_OPS"} > "$OUT/ab_unroll.log" 2>&1; echo "abunroll rc=$?" >> "$OUT/ab_unroll.log"
 fi
+if has longrows; then  # the long-row kernels: grouped against cluster staged softmax (tools/ab_softmax_grouped.py),
+  # time against rows walked (tools/probe_staged_rows.py), copy bandwidth against SMs (tools/probe_sm_copy.py)
+  for t in ab_softmax_grouped probe_staged_rows probe_sm_copy; do
+    timeout $(left 120) python3 tools/$t.py "$OUT/$t.json" > "$OUT/$t.log" 2>&1; echo "$t rc=$?" >> "$OUT/$t.log"
+  done
+fi
 if has abflush; then  # the share of the ratios the benchmark's dirty-L2 flush takes (tools/ab_flush.py)
   timeout $(left 200) python3 tools/ab_flush.py "$OUT/ab_flush.json" > "$OUT/ab_flush.log" 2>&1; echo "abflush rc=$?" >> "$OUT/ab_flush.log"
 fi
@@ -215,6 +221,7 @@ cat "$L/sweep_norm_bwd_small.log" 2>/dev/null | tail -n 110
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/ab_flush.log" 2>/dev/null
+grep -hE "rounds|per step|SMs|rc=" "$L/ab_softmax_grouped.log" "$L/probe_staged_rows.log" "$L/probe_sm_copy.log" 2>/dev/null
 grep -E "of copy|rc=|Error" "$L/ab_unroll.log" 2>/dev/null
 grep -E "SUMMARY|rc=|Error" "$L/ab_nvrtc_options.log" 2>/dev/null
 grep -E "SUMMARY|rc=|Error" "$L/ab_norm_fp8_weights.log" 2>/dev/null
