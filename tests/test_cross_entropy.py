@@ -654,6 +654,11 @@ def test_cluster_launch_structs_match_cuda_h():
         (32, 40, 48)
     assert L._cluster_dims(None) == (1, 1, 1) and L._cluster_dims(4) == (4, 1, 1)
     assert L._cluster_dims((2, 2)) == (2, 2, 1)
+    # the value union's members all start at its first byte (cooperative and policy are ints there)
+    V = L._CUlaunchAttributeValue
+    assert V.clusterDim.offset == V.policy.offset == V.cooperative.offset == 0 and ctypes.sizeof(V) == 64
+    assert (L._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, L._CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            L._CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) == (2, 4, 5)  # CUlaunchAttributeID
 
 
 def test_configs():

@@ -518,6 +518,8 @@ def test_grouped_config():
     cs.check_covers("softmax_fwd", cfg, 262144)
     with pytest.raises(ValueError, match="does not hold rows of 262144"):
         cs.check_covers("softmax_fwd", ("grouped", 8, 4, 16, 8), 262144)
+    with pytest.raises(ValueError, match="at least 2 CTAs a row"):
+        cs.fwd_expr(("grouped", 8, 8, 32, 1), "bfloat16", "bfloat16", False, cs.MASK_NONE)
     exprs = set(cs.all_expressions()[cs.FILE])
     for c in cs.STAGED_FWD_CANDIDATES[262144]:
         assert cs.fwd_expr(c, "bfloat16", "bfloat16", False, cs.MASK_NONE) in exprs

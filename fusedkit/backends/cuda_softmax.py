@@ -161,6 +161,9 @@ def fwd_expr(cfg, x_dt, o_dt, log, masking, N=None) -> str:
         assert masking == MASK_NONE, "the staged forward has no masks"
         assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
         vec, items, warps, c = cfg[1:5]
+        if cfg[0] == "grouped" and c < 2:  # (and the mailbox buffer is sized for groups of 2 or more)
+            raise ValueError(f"fusedkit: a grouped config needs at least 2 CTAs a row, got {cfg}; "
+                             f"one CTA a row is the staged kind")
         grouped = ", true" if cfg[0] == "grouped" else ""
         return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}{grouped}>"
     return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
