@@ -45,6 +45,10 @@ def test_sass_digest_compares_kernel_by_kernel(capsys):
     assert sd.compare(before, same, "0") == 0
     assert "2 same, 0 changed, 0 only before, 1 only after" in capsys.readouterr().out
     assert sd.compare(before, same) == 1  # without --default-arg the renamed kernels do not match
+    flagged = sd.kernels(_sass(("_ZN2fk1kILi1ELb0EEEvPKfiPv", ["MOV R1, R2", "BRA `(.L_x_9)"]),
+                               ("_ZN2fk1kILi2ELb0EEEvPKfiPv", ["FADD R1, R2, R3"])))
+    assert sd.compare(before, flagged, "false") == 0  # a bool template argument added with default false
+    assert "2 same, 0 changed, 0 only before, 0 only after" in capsys.readouterr().out
     changed = sd.kernels(_sass(("_ZN2fk1kILi1EEEvPKfi", ["MOV R1, R2", "BRA `(.L_x_3)"]),
                                ("_ZN2fk1kILi2EEEvPKfi", ["FFMA R1, R2, R3, R4"])))
     assert sd.compare(before, changed) == 1

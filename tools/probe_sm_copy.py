@@ -16,6 +16,7 @@ import sys
 import cupy
 import torch
 
+from fusedkit._launch import cupy_stream
 from fusedkit.bench import GpuTimer, run_meta
 
 SRC = r"""
@@ -44,7 +45,7 @@ def main(out_path):
     kern.max_dynamic_shared_size_bytes = smem
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n16 = nbytes // 16
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
     t_copy = timer.ms(lambda: dst.copy_(src), rep=20)
     rows = []
     for n_sm in sorted({16, 33, 66, 88, 99, 110, 120, sms}):
