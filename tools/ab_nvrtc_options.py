@@ -107,8 +107,9 @@ def cases():
             fn = impls_of(_softmax_impls, "softmax_fwd", M, N, torch.bfloat16)["fusedkit"]
             out.append((f"softmax_fwd {M}x{N}", 4 * M * N, fn))
     # the persistent staged row kernels (FK_STAGED_PIECES' A/B): softmax forward and backward at 512 x
-    # 262144, cross-entropy (loss + gradient) at the benchmark's 8192 x 131072 and 4096 x 262144, the
-    # latter with the shipped kernel and with the persistent one (8 CTAs x 512 threads x 8 vectors)
+    # 262144, cross-entropy (loss + gradient) at the benchmark's three shapes (16384 x 32768: the staged
+    # kernel, one CTA a row), 4096 x 262144 also with the persistent kernel (8 CTAs x 512 threads x 8
+    # vectors)
     if any("long_" in s for s in only):
         from fusedkit.backends import cuda_cross_entropy as cce
         M, N = 512, 262144
@@ -117,7 +118,8 @@ def cases():
         dys = torch.randn(M, N, device="cuda", generator=g).to(torch.bfloat16)
         out.append((f"long_softmax_fwd {M}x{N}", 4 * M * N, lambda: fk.softmax(xs)))
         out.append((f"long_softmax_bwd {M}x{N}", 6 * M * N, lambda: fk.softmax_backward(dys, ys)))
-        for M, N, cfg in ((8192, 131072, None), (4096, 262144, None), (4096, 262144, ("persistent", 8, 8, 16, 8))):
+        for M, N, cfg in ((16384, 32768, None), (8192, 131072, None), (4096, 262144, None),
+                          (4096, 262144, ("persistent", 8, 8, 16, 8))):
             xl = (torch.randn(M, N, device="cuda", generator=g) * 2).to(torch.bfloat16)
             tl = torch.randint(0, N, (M,), device="cuda", generator=g)
             if cfg is None:
