@@ -64,8 +64,8 @@ __device__ __forceinline__ float exp2_nonpos(float t) {
 
 // 2^t for t <= 0 (t = -inf included, NaN not: its callers' row sums carry NaN through the MUFU form) on
 // the FMA pipe: j = rint(t) by the 1.5 x 2^23 rounding add, f = t - j in [-1/2, 1/2], 2^f by a degree-5
-// polynomial (relative error 1.7e-7 in fp32, ex2.approx's order; 2^0 = 1 exactly), 2^j built in the exponent
-// field ((j + 127) << 23: 0 for t <= -126.5, the MUFU form's flush to zero is at 2^-126).
+// polynomial (relative error 1.7e-7 in fp32, ex2.approx's order; 2^0 = 1 exactly), 2^j built in the
+// exponent field ((j + 127) << 23: 0 for t <= -126.5; the MUFU form flushes to zero at 2^-126).
 __device__ __forceinline__ float exp2_fma(float t) {
   const float tc = fmaxf(t, -127.f);
   const float r = __fadd_rn(tc, 12582912.f);            // 0x4B400000 + j in the low bits
@@ -88,7 +88,6 @@ __device__ __forceinline__ float exp2_out(float t, int j) {
   if (j * 8 < FK_EXP_FMA * VEC) return exp2_fma(t);
   return exp2_nonpos(t);
 }
-
 
 // Keyed sums (the cross-entropy statistics, LseStats): a sum kept relative to the key K(m) = fl(m log2 e)
 // of its max m (0 for m = -inf, a thread with no values) as s = sum 2^(fma(v, log2 e, -K(m))). Each term
