@@ -6,6 +6,8 @@ reference (written here, independent of fusedkit.reference) sees them. Softmax v
 so results are compared after dividing each row by the row's largest reference magnitude: the dtype
 tolerances of tests/_backends.py then mean what they say at every N.
 """
+import os
+import re
 import zlib
 
 import ml_dtypes
@@ -437,9 +439,8 @@ def device_exp2_fma(t):
     """exp2_fma of cuda/common/online_softmax.cuh on float32 NumPy arrays, step by step, with its
     constants read from the source: the clamp, the 1.5 x 2^23 rounding add, the Horner FMAs (the fp32
     product is exact in float64, then one rounding to float32), the exponent-field bits."""
-    import os
-    import re
-    src = open(os.path.join(os.path.dirname(__file__), "..", "cuda", "common", "online_softmax.cuh")).read()
+    with open(os.path.join(os.path.dirname(__file__), "..", "cuda", "common", "online_softmax.cuh")) as fh:
+        src = fh.read()
     body = src[src.index("float exp2_fma(float t)"):]
     body = body[:body.index("\n}")]
     lead = float(re.search(r"float p = ([0-9.e+-]+)f;", body).group(1))
