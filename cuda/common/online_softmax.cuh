@@ -103,6 +103,11 @@ __device__ __forceinline__ float lse_key(float m) {
   return m == -__int_as_float(0x7f800000) ? 0.f : __fmul_rn(m, kLog2e);
 }
 __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
+// The same for element j of a vector of VEC in an output pass (exp2_out: FK_EXP_FMA's choice of pipe).
+template <int VEC>
+__device__ __forceinline__ float exp_keyed_out(float v, float key, int j) {
+  return exp2_out<VEC>(fmaf(v, kLog2e, -key), j);
+}
 // s relative to K(from), re-expressed relative to K(to) for to >= from: the running sum of one thread's
 // online pass (cross_entropy.cu's looped kernel). A sum with from = -inf is 0, or NaN: fmaxf keeps the
 // key at -inf through NaN values while the sum takes them in, and s * 0 keeps that NaN.
