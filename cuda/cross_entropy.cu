@@ -314,10 +314,9 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
   cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
+  const ClusterChunk<CLUSTER> part(N / VEC, rank);
   ce_fwd_row<T, VEC, ITEMS, WARPS, CLUSTER>(logits, target, grad, loss, lse_out, count, M, N, t32, ignore_index,
-                                            smoothing, z_loss, grad_scale, row, row < M, v0, vend,
+                                            smoothing, z_loss, grad_scale, row, row < M, part.v0, part.vend,
                                             rank == 0 && threadIdx.x == 0, &box);
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
@@ -406,8 +405,8 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   const long long G = gridDim.x / CLUSTER;
   const long long row0 = blockIdx.x / CLUSTER;
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), nloc = min(v0 + chunk, nvec) - v0;
+  const ClusterChunk<CLUSTER> part(N / VEC, rank);
+  const int chunk = part.chunk, v0 = part.v0, nloc = part.vend - part.v0;
   const unsigned bytes = (unsigned)nloc * 16u;
   const bool smooth = smoothing != 0.f;
   const StageRing ring(bars, BUFFERS);

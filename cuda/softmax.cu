@@ -526,9 +526,9 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
   const MaskParams mp = FK_SOFTMAX_MASK_PARAMS;
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, v0, vend, &box);
+  const ClusterChunk<CLUSTER> part(N / VEC, rank);
+  softmax_fwd_row<T, O, VEC, ITEMS, WARPS, CLUSTER, LOG, MASKING>(x, y, mp, row, row < M, N, scale, part.v0,
+                                                              part.vend, &box);
   cluster_wait();  // no CTA exits before every CTA is done with the merge
 }
 
@@ -698,9 +698,8 @@ softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __rest
   cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
   const int rank = blockIdx.x % CLUSTER;
-  const int nvec = N / VEC, chunk = (nvec + CLUSTER - 1) / CLUSTER;
-  const int v0 = min(rank * chunk, nvec), vend = min(v0 + chunk, nvec);
-  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, v0, vend, &box);
+  const ClusterChunk<CLUSTER> part(N / VEC, rank);
+  softmax_bwd_row<T, VEC, ITEMS, WARPS, CLUSTER, LOG>(dy, y, dx, row, row < M, N, scale, part.v0, part.vend, &box);
   cluster_wait();
 }
 

@@ -28,6 +28,16 @@
 
 namespace fk {
 
+// The part of a row of nvec vectors that CTA `rank` of a cluster of CLUSTER owns: the contiguous
+// vectors [v0, vend), ceil(nvec / CLUSTER) a CTA (the last CTAs take fewer, or none, when CLUSTER does
+// not divide nvec). `chunk` is also the stride of a CTA's slots in the staged kernels' shared memory.
+template <int CLUSTER>
+struct ClusterChunk {
+  int chunk, v0, vend;
+  __device__ __forceinline__ ClusterChunk(int nvec, int rank)
+      : chunk((nvec + CLUSTER - 1) / CLUSTER), v0(min(rank * chunk, nvec)), vend(min(v0 + chunk, nvec)) {}
+};
+
 __device__ __forceinline__ void cluster_arrive() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");

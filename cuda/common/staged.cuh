@@ -62,10 +62,10 @@ struct StagedChunk {
 #pragma unroll
     for (int i = 0; i < NT; ++i) src[i] = inputs[i];
     const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
-    const int nvec = n / VEC;
-    chunk = (nvec + CLUSTER - 1) / CLUSTER;
-    v0 = min(rank * chunk, nvec);
-    vend = min(v0 + chunk, nvec);
+    const ClusterChunk<CLUSTER> part(n / VEC, rank);
+    chunk = part.chunk;
+    v0 = part.v0;
+    vend = part.vend;
   }
   // piece p: the vectors [v0 + piece_lo(p), v0 + piece_lo(p + 1)) of the chunk (the chunk holds at most
   // ITEMS * T_ROW vectors: the host's config fits it)
