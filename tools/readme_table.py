@@ -20,12 +20,12 @@ DEVICE = os.environ.get("README_DEVICE", "H200")
 
 
 def gpu_results(device=None):
-    """The reference card's result files (not sweeps, CPU runs, compile-option experiments or other
+    """The reference card's result files (not sweeps, probes, CPU runs, compile-option experiments or other
     cards; ``device``: a substring of the run's device name, default README_DEVICE), oldest first."""
     device = DEVICE if device is None else device
     out = []
     for f in glob.glob(os.path.join(ROOT, "benchmarks/results/*.json")):
-        if os.path.basename(f).startswith(("sweep_", "ab_", "cpu")):
+        if os.path.basename(f).startswith(("sweep_", "ab_", "probe_", "cpu")):
             continue
         res = json.load(open(f))
         if "experiment" in res or "rows" not in res or device not in res.get("device", ""):
