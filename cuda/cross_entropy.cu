@@ -167,7 +167,7 @@ template <typename T, int VEC>
 __device__ __forceinline__ void ce_store_grad(T* p, const Vec<T, VEC>& x, const CeGrad& g) {
   float f[VEC];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed_out<VEC>(vec_elem(x, j), g.key, j), -g.cbase);
+  for (int j = 0; j < VEC; ++j) f[j] = fmaf(g.cs, exp_keyed(vec_elem(x, j), g.key), -g.cbase);
   store_floats<T, VEC>(p, f);
 }
 

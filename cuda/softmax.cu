@@ -385,11 +385,10 @@ __device__ __forceinline__ float thread_key(const Vec<T, VEC> (&raw)[ITEMS], uns
   return k;
 }
 
-// The output of element j of a vector of VEC from its exponent t: 2^t / s, or ln 2 (t - log2 s) for
-// log-softmax (exp2_out: the FK_EXP_FMA experiment's choice of pipe per element).
-template <bool LOG, int VEC>
-__device__ __forceinline__ float softmax_out(float t, float inv, float log2_s, int j) {
-  return LOG ? kLn2 * (t - log2_s) : exp2_out<VEC>(t, j) * inv;
+// The output of an element from its exponent t: 2^t / s, or ln 2 (t - log2 s) for log-softmax.
+template <bool LOG>
+__device__ __forceinline__ float softmax_out(float t, float inv, float log2_s) {
+  return LOG ? kLn2 * (t - log2_s) : exp2_nonpos(t) * inv;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -454,8 +453,8 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
       Vec<O, VEC> out;
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
-        out.v[j] = from_float<O>(softmax_out<LOG, VEC>(
-            keyed_exponent<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, c, kg), inv, log2_s, j));
+        out.v[j] = from_float<O>(softmax_out<LOG>(
+            keyed_exponent<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, c, kg), inv, log2_s));
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
@@ -616,7 +615,7 @@ softmax_fwd_looped(FK_SOFTMAX_FWD_PARAMS) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
       out.v[j] = from_float<O>(
-          softmax_out<LOG, VEC>(keyed_exponent<T, VEC, MASKING>(raw[0], j, bits, j, c, kg), inv, log2_s, j));
+          softmax_out<LOG>(keyed_exponent<T, VEC, MASKING>(raw[0], j, bits, j, c, kg), inv, log2_s));
     store_vec<O, VEC>(y + base + (long long)v * VEC, out);
   }
 }

@@ -6,8 +6,6 @@ reference (written here, independent of fusedkit.reference) sees them. Softmax v
 so results are compared after dividing each row by the row's largest reference magnitude: the dtype
 tolerances of tests/_backends.py then mean what they say at every N.
 """
-import os
-import re
 import zlib
 
 import ml_dtypes
@@ -433,48 +431,6 @@ def test_fast_div_is_exact():
         assert np.all(device_fast_div(np.array([0, 1, 2**31, 2**32 - 1], np.uint64), cs.fast_div(d)) == 0)
     with pytest.raises(ValueError):
         cs.fast_div(0)
-
-
-def device_exp2_fma(t):
-    """exp2_fma of cuda/common/online_softmax.cuh on float32 NumPy arrays, step by step, with its
-    constants read from the source: the clamp, the 1.5 x 2^23 rounding add, the Horner FMAs (the fp32
-    product is exact in float64, then one rounding to float32), the exponent-field bits."""
-    with open(os.path.join(os.path.dirname(__file__), "..", "cuda", "common", "online_softmax.cuh")) as fh:
-        src = fh.read()
-    body = src[src.index("float exp2_fma(float t)"):]
-    body = body[:body.index("\n}")]
-    lead = float(re.search(r"float p = ([0-9.e+-]+)f;", body).group(1))
-    coefs = [float(c) for c in re.findall(r"__fmaf_rn\(p, f, ([0-9.e+-]+)f\)", body)]
-    clamp = float(re.search(r"fmaxf\(t, (-[0-9.]+)f\)", body).group(1))
-    magic = np.float32(re.search(r"__fadd_rn\(tc, ([0-9.]+)f\)", body).group(1))
-    one = np.uint64(int(re.search(r"<< 23\) \+ (0x[0-9a-fA-F]+)u", body).group(1), 16))
-    assert len(coefs) == 5, body
-    f32 = np.float32
-    tc = np.maximum(np.asarray(t, f32), f32(clamp))
-    r = (tc + magic).astype(f32)
-    f = (tc - (r - magic).astype(f32)).astype(f32)
-    p = np.full(tc.shape, f32(lead))
-    for c in coefs:
-        p = (p.astype(np.float64) * f + np.float64(f32(c))).astype(f32)
-    two_j = ((r.view(np.uint32).astype(np.uint64) << np.uint64(23)) + one) & np.uint64(0xFFFFFFFF)
-    return (p * two_j.astype(np.uint32).view(f32)).astype(f32)
-
-
-def test_exp2_fma_accuracy():
-    """The FMA-pipe exponential (the FK_EXP_FMA experiment) is as close to 2^t as ex2.approx (about 2
-    ulp) over the normal range, exactly 1 at 0 and 0 at -inf, and flushes only below 2^-126."""
-    rng = rng_for("exp2_fma")
-    t = np.concatenate([np.linspace(-126, 0, 400001), -rng.random(20000) * 126, rng.random(2000) * 2.0**-10,
-                        -rng.random(2000) * 2.0**-20]).astype(np.float32)
-    got = device_exp2_fma(t).astype(np.float64)
-    want = np.exp2(t.astype(np.float64))
-    rel = np.abs(got / want - 1)
-    assert rel.max() < 2.5e-7, (t[rel.argmax()], rel.max())
-    edge = device_exp2_fma(np.array([0, -np.inf, -127, -126.6, -200, -0.5, -1], np.float32))
-    assert edge[0] == 1 and edge[1] == 0 and edge[2] == 0 and edge[3] == 0 and edge[4] == 0
-    assert abs(edge[5] / np.sqrt(0.5) - 1) < 2.5e-7 and abs(edge[6] * 2 - 1) < 2.5e-7
-    tiny = device_exp2_fma(np.array([-126.4, -126], np.float32)).astype(np.float64)
-    assert np.all(np.abs(tiny / np.exp2([-126.4, -126]) - 1) < 1e-6)
 
 
 @pytest.mark.parametrize("x_shape, m_shape", [((2, 3, 5, 8), (2, 1, 5, 8)), ((4, 2, 3, 5, 8), (4, 1, 3, 1, 8)),

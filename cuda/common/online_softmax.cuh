@@ -50,45 +50,6 @@ __device__ __forceinline__ float exp2_nonpos(float t) {
 #endif
 }
 
-// Experiment (0 = shipped): FK_EXP_FMA = k sends the exponentials of the output passes (softmax's y,
-// cross-entropy's gradient) of the first k of every 8 elements of a vector (k * VEC / 8 of a shorter one)
-// to the FMA pipe (exp2_fma) instead of the MUFU. Why: the long-row kernels issue about 10 instructions
-// and two MUFU.EX2 per element; the MUFU retires 16 a cycle per SM, the issue slots 128, so the two
-// exponentials (2 / 16 cycles) outweigh the rest (10 / 128) by half again, and the H200 moves a row's
-// bytes in 1 / 1.4 of the H100's time at the same SM clock. exp2_fma costs about 10 issue slots more
-// and no MUFU slot; moving 0.3 of the 2 exponentials per element balances the two pipes (about 14 %
-// fewer cycles per element). A/B: AB_OPTIONS="-DFK_EXP_FMA=2;-DFK_EXP_FMA=3" AB_OPS=long_,softmax_fwd.
-#ifndef FK_EXP_FMA
-#define FK_EXP_FMA 0
-#endif
-
-// 2^t for t <= 0 (t = -inf included, NaN not: its callers' row sums carry NaN through the MUFU form) on
-// the FMA pipe: j = rint(t) by the 1.5 x 2^23 rounding add, f = t - j in [-1/2, 1/2], 2^f by a degree-5
-// polynomial (relative error 1.7e-7 in fp32, ex2.approx's order; 2^0 = 1 exactly), 2^j built in the
-// exponent field ((j + 127) << 23: 0 for t <= -126.5; the MUFU form flushes to zero at 2^-126).
-__device__ __forceinline__ float exp2_fma(float t) {
-  const float tc = fmaxf(t, -127.f);
-  const float r = __fadd_rn(tc, 12582912.f);            // 0x4B400000 + j in the low bits
-  const float f = __fadd_rn(tc, -__fadd_rn(r, -12582912.f));
-  float p = 0.00132647273f;  // fitted to the relative error on [-1/2, 1/2] with p(0) = 1 exactly
-  p = __fmaf_rn(p, f, 0.00967151299f);
-  p = __fmaf_rn(p, f, 0.0555073358f);
-  p = __fmaf_rn(p, f, 0.240222424f);
-  p = __fmaf_rn(p, f, 0.693147004f);
-  p = __fmaf_rn(p, f, 1.f);
-  // (0x400000 + j) << 23 wraps to j << 23; + 127 << 23 makes the exponent field of 2^j (0 at j = -127)
-  const float two_j = __uint_as_float((__float_as_uint(r) << 23) + 0x3f800000u);
-  return __fmul_rn(p, two_j);
-}
-
-// The output pass's exponential of element j of a vector of VEC (FK_EXP_FMA above; after unrolling, j is
-// a constant and the test folds away).
-template <int VEC>
-__device__ __forceinline__ float exp2_out(float t, int j) {
-  if (j * 8 < FK_EXP_FMA * VEC) return exp2_fma(t);
-  return exp2_nonpos(t);
-}
-
 // Keyed sums (the cross-entropy statistics, LseStats): a sum kept relative to the key K(m) = fl(m log2 e)
 // of its max m (0 for m = -inf, a thread with no values) as s = sum 2^(fma(v, log2 e, -K(m))). Each term
 // costs one FFMA before its exponential (the product inside the FFMA is exact, so offsets of 1e4 lose
@@ -103,11 +64,6 @@ __device__ __forceinline__ float lse_key(float m) {
   return m == -__int_as_float(0x7f800000) ? 0.f : __fmul_rn(m, kLog2e);
 }
 __device__ __forceinline__ float exp_keyed(float v, float key) { return exp2_nonpos(fmaf(v, kLog2e, -key)); }
-// The same for element j of a vector of VEC in an output pass (exp2_out: FK_EXP_FMA's choice of pipe).
-template <int VEC>
-__device__ __forceinline__ float exp_keyed_out(float v, float key, int j) {
-  return exp2_out<VEC>(fmaf(v, kLog2e, -key), j);
-}
 // s relative to K(from), re-expressed relative to K(to) for to >= from: the running sum of one thread's
 // online pass (cross_entropy.cu's looped kernel). A sum with from = -inf is 0, or NaN: fmaxf keeps the
 // key at -inf through NaN values while the sum takes them in, and s * 0 keeps that NaN.
