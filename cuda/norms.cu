@@ -497,12 +497,11 @@ struct DbiasInSmem {
   static constexpr bool value = !RMS && ITEMS * VEC >= 32;
 };
 
-// Where a thread's dweight / dbias accumulators live: fp32 registers, or its own columns of a shared
-// memory row (DW_S / DB_S; each thread touches only its own columns, so no barriers).
-template <int VEC, int ITEMS, bool DW_S, bool DB_S>
+// A thread's dweight / dbias accumulators: fp32 registers, dbias in its own columns of a shared memory
+// row instead where DB_S (DbiasInSmem; each thread touches only its own columns, so no barriers).
+template <int VEC, int ITEMS, bool DB_S>
 struct Accumulators {
   float dw[ITEMS][VEC], db[ITEMS][VEC];
-  float* dw_s;  // this row slot's shared-memory row (DW_S), else unused
   float* db_s;
 
   template <int T_ROW>
@@ -513,24 +512,14 @@ struct Accumulators {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         dw[i][j] = db[i][j] = 0.f;
-        if (v < nvec) {
-          if constexpr (DW_S) dw_s[v * VEC + j] = 0.f;
-          if constexpr (DB_S) db_s[v * VEC + j] = 0.f;
-        }
+        if (DB_S && v < nvec) db_s[v * VEC + j] = 0.f;
       }
     }
   }
   // Adds d * xhat and d for vector i (columns v * VEC ...).
   __device__ __forceinline__ void add(int i, int v, const float (&dxh)[VEC], const float (&d)[VEC], bool with_db) {
-    if constexpr (DW_S) {
-      Vec<float, VEC> t = *reinterpret_cast<Vec<float, VEC>*>(dw_s + v * VEC);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) t.v[j] += dxh[j];
-      *reinterpret_cast<Vec<float, VEC>*>(dw_s + v * VEC) = t;
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) dw[i][j] += dxh[j];
-    }
+    for (int j = 0; j < VEC; ++j) dw[i][j] += dxh[j];
     if (!with_db) return;
     if constexpr (DB_S) {
       Vec<float, VEC> t = *reinterpret_cast<Vec<float, VEC>*>(db_s + v * VEC);
@@ -555,7 +544,7 @@ struct Accumulators {
       if (v < nvec) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          if (dw_row != nullptr) dw_row[v * VEC + j] = DW_S ? dw_s[v * VEC + j] : dw[i][j];
+          if (dw_row != nullptr) dw_row[v * VEC + j] = dw[i][j];
           if (db_row != nullptr) db_row[v * VEC + j] = DB_S ? db_s[v * VEC + j] : db[i][j];
         }
       }
@@ -573,7 +562,7 @@ struct Accumulators {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const long long idx = p * N + v * VEC + j;
-          if (dw_part != nullptr) dw_part[idx] = DW_S ? dw_s[v * VEC + j] : dw[i][j];
+          if (dw_part != nullptr) dw_part[idx] = dw[i][j];
           if (db_part != nullptr) db_part[idx] = DB_S ? db_s[v * VEC + j] : db[i][j];
         }
       }
@@ -709,7 +698,7 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
   constexpr int RPB = RowsPerBlock<WARPS>::value;
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ float dyn_smem[];
-  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  Accumulators<VEC, ITEMS, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = dyn_smem + threadIdx.y * N;
   const int nvec = N / VEC;
   acc.template zero<T_ROW>(nvec);
@@ -846,7 +835,7 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
   const long long ngroups = (M + RPB - 1) / RPB, group = (long long)RPB * N;
   // Accumulators in registers (dbias rows after the ring when DbiasInSmem). Both in shared memory was
   // measured 5-25% slower (sweep 1631Z).
-  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  Accumulators<VEC, ITEMS, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * group) + threadIdx.y * N;
   const StageRing ring(bars, stages);
   const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
@@ -942,7 +931,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
   const long long cid = MERGE == 1 ? (long long)cluster_index() : (long long)cluster_index() * MERGE + crank / SPLIT;
   const long long ncl = (long long)cluster_count() * MERGE;
   const int half = N / SPLIT, col0 = (int)rank * half;  // `half`: this CTA's part of the row
-  Accumulators<VEC, ITEMS, false, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
+  Accumulators<VEC, ITEMS, DbiasInSmem<VEC, ITEMS, RMS>::value> acc;
   acc.db_s = reinterpret_cast<float*>(ring_base + (long long)stages * 2 * half);
   const StageRing ring(bars, stages);
   const bool producer = threadIdx.x == 0;
