@@ -338,31 +338,32 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
 // issues the copy, every thread the current one's before it waits). In place (grad == logits): a copy
 // reads row k + G while row k is written; x_0 and x_t of row k are read before its statistics are sent,
 // and every CTA writes only after receiving all of them. Needs 16-byte vectors (the host checks);
-// dynamic shared memory = ceil(N / VEC / CLUSTER) x 16 bytes.
-template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
+// dynamic shared memory = STAGES x ceil(N / VEC / CLUSTER) x 16 bytes (STAGES > 1: a ring that loads
+// that many rows ahead, common/staged.cuh).
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, int STAGES = 1>
 __global__ void __launch_bounds__(32 * WARPS, FK_CE_PERSISTENT_MINB)
 ce_fwd_persistent(FK_CE_FWD_PARAMS) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char ce_stage[];
-  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW>;
-  __shared__ unsigned long long bars[Chunk::PIECES];
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW, STAGES>;
+  __shared__ unsigned long long bars[STAGES];
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's row statistics
   const T* inputs[1] = {logits};
-  const Chunk ch(inputs, ce_stage, bars, N);
+  Chunk ch(inputs, ce_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   const bool leader = rank == 0 && threadIdx.x == 0;
   const bool smooth = smoothing != 0.f;
   auto read = [&](long long row) { return ce_row(target, t32, row, true, N, ignore_index, count, grad_scale); };
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  staged_open<CLUSTER>(ch, box, row, read(row).valid);
-  unsigned phase = 0;
+  staged_open<CLUSTER>(ch, box, row, M, [&](long long r) { return read(r).valid; });
   for (int step = 0; row < M; row += ch.G, ++step) {
     const long long base = row * (long long)N;
     const CeRow r = read(row);
     Vec<T, VEC> in[1][ITEMS];
-    // the next row's chunk is loaded only if it is read (thread 0 decides; ignored rows are skipped)
-    const long long next = row + ch.G;
-    ch.take_row(in, phase, r.valid, threadIdx.x == 0 && next < M && read(next).valid ? next : -1);
+    // the row of this buffer's next turn is loaded only if it is read (thread 0 decides; ignored rows
+    // are skipped)
+    const long long next = ch.ahead(row);
+    ch.take_row(in, r.valid, threadIdx.x == 0 && next < M && read(next).valid ? next : -1);
     auto& raw = in[0];
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;

@@ -541,42 +541,29 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // of copy at 65536). Cluster merge per row: MailboxStep (common/staged.cuh), step k = the k-th row.
 // Needs 16-byte vectors (N % VEC == 0, x 16-byte aligned; the host checks); dynamic shared memory =
 // ceil(N / VEC / CLUSTER) x 16 bytes.
-// GROUPED (launched cooperatively, without a cluster): the CLUSTER CTAs of a row are consecutive blocks
-// that merge through the L2 mailbox at xchg (l2_group_slots<CLUSTER>() slots per group, zeroed; L2Step),
-// so groups fill the CTA slots that clusters of 8 leave idle (common/staged.cuh). Same per-thread sums
-// and merge order: the same bits as the cluster form.
-template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, bool GROUPED = false>
+// STAGES > 1: a ring of that many buffers, so the chunks of the next STAGES rows are in flight
+// (common/staged.cuh); dynamic shared memory STAGES times the chunk.
+template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
-softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale,
-                   L2Slot* __restrict__ xchg) {
+softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
   constexpr int T_ROW = 32 * WARPS;
-  constexpr int CL = GROUPED ? 1 : CLUSTER;  // the hardware cluster
   extern __shared__ __align__(16) unsigned char softmax_stage[];
-  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW>;
-  __shared__ unsigned long long bars[Chunk::PIECES];
-  __shared__ ClusterMailbox<float4, CL, 2> box;  // CL > 1: every CTA's statistics of a row
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 1, ITEMS, T_ROW, STAGES>;
+  __shared__ unsigned long long bars[STAGES];
+  __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's statistics of a row
   const T* inputs[1] = {x};
-  const Chunk ch(inputs, softmax_stage, bars, N);
+  Chunk ch(inputs, softmax_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  L2Slot* const group = xchg + (blockIdx.x / CLUSTER) * l2_group_slots<CLUSTER>();
-  staged_open<CL>(ch, box, row, true);
+  staged_open<CLUSTER>(ch, box, row, M, [](long long) { return true; });
   const float c = __fmul_rn(scale, kLog2e);
-  unsigned phase = 0;
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
-    ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
-    if constexpr (GROUPED) {  // warp 0's merged statistics pass through the unused mailbox's slot
-      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
-                                                          ch.vend, c,
-                                                          L2Step<CLUSTER>{group, &box.slot[0][0], step, rank});
-    } else {
-      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
-                                                          ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
-    }
+    ch.take_row(in, true, ch.ahead(row) < M ? ch.ahead(row) : -1);
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
+                                                        ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
   }
-  if constexpr (GROUPED) l2_close<CLUSTER>(group);
-  staged_close<CL>();
+  staged_close<CLUSTER>();
 }
 
 // Rows too long for registers: one row per block, two passes over global memory.
@@ -710,27 +697,26 @@ softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __rest
 // softmax_bwd_cluster with the same (ITEMS, WARPS, CLUSTER), so the two give the same bits. The
 // backward's clusters become resident once instead of a new cluster waiting for free SMs of one GPC per
 // row: at 262144, 0.942 of copy against 0.826 (H200 sweep 2026-12-05). Needs 16-byte vectors (the host
-// checks); dynamic shared memory = 2 x ceil(N / VEC / CLUSTER) x 16 bytes (y's chunk, then dy's).
-// Up to 4 vectors of each a thread keeps softmax_bwd_cluster's register cap (64 at 512 threads: two CTAs
+// checks); dynamic shared memory = STAGES x 2 x ceil(N / VEC / CLUSTER) x 16 bytes (per buffer of the
+// ring, y's chunk, then dy's). Up to 4 vectors of each a thread keeps softmax_bwd_cluster's register cap (64 at 512 threads: two CTAs
 // per SM where the shared memory allows); 8 vectors (110 registers) run one CTA per SM.
-template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG>
+template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
 __global__ void __launch_bounds__(32 * WARPS, ITEMS <= 4 ? SoftmaxMinBlocks<32 * WARPS>::value : 1)
 softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
                    float scale) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
-  using Chunk = StagedChunk<T, VEC, CLUSTER, 2, ITEMS, T_ROW>;
-  __shared__ unsigned long long bars[Chunk::PIECES];
+  using Chunk = StagedChunk<T, VEC, CLUSTER, 2, ITEMS, T_ROW, STAGES>;
+  __shared__ unsigned long long bars[STAGES];
   __shared__ ClusterMailbox<float4, CLUSTER, 2> box;  // CLUSTER > 1: every CTA's partial D of a row
   const T* inputs[2] = {y, dy};
-  const Chunk ch(inputs, softmax_stage, bars, N);
+  Chunk ch(inputs, softmax_stage, bars, N);
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
-  staged_open<CLUSTER>(ch, box, row, true);
-  unsigned phase = 0;
+  staged_open<CLUSTER>(ch, box, row, M, [](long long) { return true; });
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[2][ITEMS];  // y's chunk, dy's
-    ch.take_row(in, phase, true, row + ch.G < M ? row + ch.G : -1);
+    ch.take_row(in, true, ch.ahead(row) < M ? ch.ahead(row) : -1);
     softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(in[0], in[1], dx, row * (long long)N, true, ch.v0, ch.vend,
                                                   scale, MailboxStep<CLUSTER>{&box, step, rank});
   }

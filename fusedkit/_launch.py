@@ -28,13 +28,10 @@ class Launcher:
     __slots__ = ("_func", "_fmt", "_buf", "_params", "_params_addr", "_lock", "_launch", "_rt", "device",
                  "cluster")
 
-    def __init__(self, function, codes: str, device: int, cluster=None, cluster_policy: int = 0,
-                 cooperative: bool = False):
+    def __init__(self, function, codes: str, device: int, cluster=None, cluster_policy: int = 0):
         """``function``: a loaded ``cupy.cuda.function.Function`` (``RawKernel.kernel``); ``cluster``: None,
         or the cluster shape of a cluster launch (an int C for (C, 1, 1), or a 3-tuple);
-        ``cluster_policy``: CUclusterSchedulingPolicy (0 default, 1 spread, 2 load balancing);
-        ``cooperative``: a cooperative launch (every block resident at once, or the launch fails: for
-        kernels whose blocks wait on each other through global memory)."""
+        ``cluster_policy``: CUclusterSchedulingPolicy (0 default, 1 spread, 2 load balancing)."""
         from cupy_backends.cuda.api import driver, runtime
 
         self._func = function.ptr
@@ -54,8 +51,7 @@ class Launcher:
         self._rt = runtime
         self.device = device
         dims = _cluster_dims(cluster)
-        self.cluster = (None if dims == (1, 1, 1) and not cooperative
-                        else ClusterLaunch(self._func, dims, cluster_policy, cooperative))
+        self.cluster = None if dims == (1, 1, 1) else ClusterLaunch(self._func, dims, cluster_policy)
 
     def __call__(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
         """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer.
@@ -134,7 +130,6 @@ def cupy_stream(ptr: int):
 # padding, a 64-byte value union at offset 8); CUlaunchConfig is 56 bytes (hStream at 32, attrs at 40,
 # numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
 
-_CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2  # value: an int, 1 = cooperative
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # value: CUclusterSchedulingPolicy (an int)
 _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
@@ -142,7 +137,7 @@ _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 class _CUlaunchAttributeValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", ctypes.c_uint * 3),
-                ("policy", ctypes.c_int), ("cooperative", ctypes.c_int)]
+                ("policy", ctypes.c_int)]
 
 
 class _CUlaunchAttribute(ctypes.Structure):
@@ -197,19 +192,19 @@ def _check(rc: int, what: str) -> None:
 class ClusterLaunch:
     """One kernel's launches through cuLaunchKernelEx: a CUlaunchConfig built once with a cluster-dimension
     attribute (and, when ``policy`` is not 0, a cluster scheduling policy preference: 1 spread, 2 load
-    balancing) and, with ``cooperative``, the cooperative attribute; a launch fills in grid, block,
+    balancing); a launch fills in grid, block,
     shared memory and stream. Clusters of more than 8 CTAs (non-portable) get
     CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
 
     __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
 
-    def __init__(self, func: int, dims: tuple, policy: int = 0, cooperative: bool = False):
+    def __init__(self, func: int, dims: tuple, policy: int = 0):
         self.func, self.dims = func, dims
         self._lib = _libcuda()
         if dims[0] * dims[1] * dims[2] > 8:
             from cupy_backends.cuda.api import driver
             driver.funcSetAttribute(func, _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-        n = 1 + bool(policy) + bool(cooperative)
+        n = 1 + bool(policy)
         self._attr = (_CUlaunchAttribute * n)()
         self._attr[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         for k in range(3):
@@ -217,9 +212,6 @@ class ClusterLaunch:
         if policy:
             self._attr[1].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
             self._attr[1].value.policy = int(policy)
-        if cooperative:
-            self._attr[n - 1].id = _CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-            self._attr[n - 1].value.cooperative = 1
         self._cfg = _CUlaunchConfig()
         self._cfg.gridDimZ = self._cfg.blockDimZ = 1
         self._cfg.attrs = self._attr

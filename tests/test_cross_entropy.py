@@ -513,6 +513,9 @@ PERSISTENT_CASES = [
     ("bfloat16", 32768, ("persistent", 8, 8, 16, 1)),    # no cluster
     ("bfloat16", 8, ("persistent", 8, 1, 1, 4)),         # three CTAs of the cluster hold nothing
     ("float32", 32768, ("persistent", 4, 8, 16, 2)),
+    ("bfloat16", 131072, ("persistent", 8, 4, 16, 8, 2)),  # a ring of 2 (two rows loaded ahead)
+    ("float16", 50264, ("persistent", 8, 4, 16, 4, 3)),    # a ring of 3 over an ignored row
+    ("bfloat16", 8, ("persistent", 8, 1, 1, 4, 4)),        # a ring of 4 deeper than the rows walked
 ]
 
 
@@ -534,7 +537,7 @@ def test_persistent_kernel(monkeypatch, dtype, N, cfg):
     monkeypatch.setattr(ce, "STAGED_MAX_GROUPS", 3)
     got = {}
     for kind in ("persistent", "rows"):
-        monkeypatch.setattr(ce, "fwd_config", lambda *a, k=kind, **_: (k,) + cfg[1:])
+        monkeypatch.setattr(ce, "fwd_config", lambda *a, k=kind, **_: (k,) + cfg[1:(None if k == "persistent" else 5)])
         monkeypatch.setattr(ce, "_plans", {})
         got[kind] = fk.cross_entropy(X, T, return_lse=True, return_grad=True, **kw)
         assert [plan[5] is not None for plan in ce._plans.values()] == [kind == "persistent"]
@@ -575,9 +578,19 @@ def test_persistent_rule(monkeypatch):
     assert ce.persistent_chunk_bytes(("persistent", 8, 8, 16, 8), 262144) == 4096 * 16
     exprs = set(ce.all_expressions()[ce.FILE])
     for N, cands in ce.PERSISTENT_CANDIDATES.items():
-        for items, warps, c in cands:
+        for cand in cands:
+            items, warps, c = cand[:3]
+            cfg = ("persistent", 8) + tuple(cand)
             assert c * 32 * warps * items * 8 >= N > c * 32 * warps * items * 4
-            assert ce.fwd_expr(("persistent", 8, items, warps, c), "bfloat16") in exprs
+            assert ce.persistent_chunk_bytes(cfg, N) <= 200 * 1024
+            assert ce.fwd_expr(cfg, "bfloat16") in exprs
+    # the ring depth: a sixth field, in the kernel's name only when it is not 1, times the shared memory
+    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 2), "bfloat16") == "fk::ce_fwd_persistent<fk::bf16, 8, 4, 16, 16, 2>"
+    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 1), "bfloat16") == "fk::ce_fwd_persistent<fk::bf16, 8, 4, 16, 16>"
+    assert ce.persistent_chunk_bytes(("persistent", 8, 4, 16, 16, 3), 262144) == 3 * 2048 * 16
+    for bad in (("persistent", 8, 4, 16, 16, 5), ("persistent", 8, 4, 16, 16, 0), ("persistent", 8, 4, 16, 16, 2, 1)):
+        with pytest.raises(ValueError, match="ring depth of 1 to 4"):
+            ce.fwd_expr(bad, "bfloat16")
 
 
 @pytest.mark.gpu
@@ -654,11 +667,11 @@ def test_cluster_launch_structs_match_cuda_h():
         (32, 40, 48)
     assert L._cluster_dims(None) == (1, 1, 1) and L._cluster_dims(4) == (4, 1, 1)
     assert L._cluster_dims((2, 2)) == (2, 2, 1)
-    # the value union's members all start at its first byte (cooperative and policy are ints there)
+    # the value union's members all start at its first byte (policy is an int there)
     V = L._CUlaunchAttributeValue
-    assert V.clusterDim.offset == V.policy.offset == V.cooperative.offset == 0 and ctypes.sizeof(V) == 64
-    assert (L._CU_LAUNCH_ATTRIBUTE_COOPERATIVE, L._CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            L._CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) == (2, 4, 5)  # CUlaunchAttributeID
+    assert V.clusterDim.offset == V.policy.offset == 0 and ctypes.sizeof(V) == 64
+    assert (L._CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            L._CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) == (4, 5)  # CUlaunchAttributeID
 
 
 def test_configs():

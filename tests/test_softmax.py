@@ -507,21 +507,26 @@ def test_forced_config_must_hold_the_row():
     cs.check_covers("softmax_bwd", ("staged", 8, 4, 16, 16), 262144)
 
 
-def test_grouped_config():
-    """The grouped kind: the staged forward's kernel with GROUPED set, the staged geometry (C CTAs a row),
-    and the same row-coverage check; the compile-all check builds the sweep's candidates."""
-    cfg = ("grouped", 8, 8, 16, 8)
+def test_staged_ring_config():
+    """The staged kinds' optional ring depth (a sixth field): in the kernel's name only when it is not 1,
+    times the shared memory, 1 to 4; the compile-all check builds the forward's candidates."""
+    cfg = ("staged", 8, 4, 16, 16, 2)
     assert (cs.fwd_expr(cfg, "bfloat16", "bfloat16", False, cs.MASK_NONE)
-            == "fk::softmax_fwd_staged<fk::bf16, fk::bf16, 8, 8, 16, 8, false, true>")
-    assert cs._geometry(cfg) == ((512, 1), 1, 8)
-    assert cs.staged_smem(cfg, 262144) == 4096 * 16
+            == "fk::softmax_fwd_staged<fk::bf16, fk::bf16, 8, 4, 16, 16, false, 2>")
+    assert (cs.fwd_expr(cfg[:5], "bfloat16", "bfloat16", False, cs.MASK_NONE)
+            == cs.fwd_expr(cfg[:5] + (1,), "bfloat16", "bfloat16", False, cs.MASK_NONE)
+            == "fk::softmax_fwd_staged<fk::bf16, fk::bf16, 8, 4, 16, 16, false>")
+    assert cs.bwd_expr(("staged", 8, 4, 16, 16, 3), "bfloat16", True) == "fk::softmax_bwd_staged<fk::bf16, 8, 4, 16, 16, true, 3>"
+    assert cs._geometry(cfg) == ((512, 1), 1, 16)
+    assert cs.staged_smem(cfg, 262144) == 2 * 2048 * 16
+    assert cs.staged_smem(("staged", 8, 4, 16, 16, 3), 262144, 2) == 3 * 2 * 2048 * 16
     cs.check_covers("softmax_fwd", cfg, 262144)
-    with pytest.raises(ValueError, match="does not hold rows of 262144"):
-        cs.check_covers("softmax_fwd", ("grouped", 8, 4, 16, 8), 262144)
-    with pytest.raises(ValueError, match="at least 2 CTAs a row"):
-        cs.fwd_expr(("grouped", 8, 8, 32, 1), "bfloat16", "bfloat16", False, cs.MASK_NONE)
+    for bad in (("staged", 8, 4, 16, 16, 5), ("staged", 8, 4, 16, 16, 0), ("staged", 8, 4, 16, 16, 2, 2)):
+        with pytest.raises(ValueError, match="ring depth of 1 to 4"):
+            cs.fwd_expr(bad, "bfloat16", "bfloat16", False, cs.MASK_NONE)
     exprs = set(cs.all_expressions()[cs.FILE])
     for c in cs.STAGED_FWD_CANDIDATES[262144]:
+        assert c[0] == "staged" and cs.staged_smem(c, 262144) <= 200 * 1024
         assert cs.fwd_expr(c, "bfloat16", "bfloat16", False, cs.MASK_NONE) in exprs
 
 
@@ -623,14 +628,16 @@ def test_every_kernel_kind(forced, N, fwd_cfg, bwd_cfg, masked):
     (65544, ("staged", 8, 8, 32, 2), 2),         # cluster of 2, last chunk partial, 3 rows per cluster
     (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
     (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
-    (65544, ("grouped", 8, 8, 32, 2), 2),        # groups of 2 merging through L2, 3 rows per group
-    (4104, ("grouped", 8, 2, 4, 4), 4),          # chunks of 129 vectors (last 126)
-    (800, ("grouped", 8, 1, 1, 16), 1),          # a group of 16 walks all 6 rows; the last CTA holds nothing
-    (262144, ("grouped", 8, 8, 16, 8), None),    # the candidate split: a group per row
+    (65544, ("staged", 8, 8, 32, 2, 2), 2),      # a ring of 2: 3 rows per cluster, the ring wraps
+    (4104, ("staged", 8, 2, 4, 4, 3), 1),        # a ring of 3, one cluster walks all 6 rows
+    (800, ("staged", 8, 1, 1, 16, 4), 1),        # a ring of 4 with an empty chunk in the last CTA
+    (4104, ("staged", 8, 2, 4, 4, 4), None),     # a ring deeper than the rows a cluster walks
+    (262144, ("staged", 8, 4, 16, 16, 2), None), # a sweep candidate
 ], ids=str)
 def test_staged_forward(monkeypatch, N, cfg, max_grid):
-    """The persistent staged forward (a bulk copy of the next row's chunk per CTA) against the float64
-    reference: softmax with a scale, log-softmax, fp32 output; grids that make each CTA walk rows."""
+    """The persistent staged forward (bulk copies of the next rows' chunks per CTA, a ring of 1 to 4
+    buffers) against the float64 reference: softmax with a scale, log-softmax, fp32 output; grids that
+    make each CTA walk rows. A ring gives the bits of one buffer (the same sums; only the loads move)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: cfg)
     monkeypatch.setattr(cs, "_fwd_plans", {})
@@ -642,44 +649,14 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     assert_rows(fk.softmax(X, scale=0.5), softmax64(x, 0.5), "bfloat16", "y")
     assert_close(fk.log_softmax(X), log_softmax64(x), "bfloat16", "log_softmax")
     assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", "y fp32")
-    assert all(plan[5] is not None and plan[6] == (cfg[0] == "grouped")  # the staged kernel ran
-               for plan in cs._fwd_plans.values())
-    torch.cuda.synchronize()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("N, items, warps, c, max_grid", [
-    (262144, 8, 16, 8, None), (262144, 8, 16, 8, 3), (65544, 8, 32, 2, 5), (4104, 2, 4, 4, 2)], ids=str)
-def test_grouped_equals_cluster(monkeypatch, N, items, warps, c, max_grid):
-    """The grouped staged forward (L2 mailbox) gives the bits of the cluster form (same sums, same merge
-    order), with many rows per group, call after call on one stream with other inputs each time (a
-    mailbox word left over from the previous launch would hand a CTA stale statistics) and on a second
-    stream (its own mailbox); a grouped launch of another group size runs first, so the buffer's previous
-    layout differs."""
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(cs, "STAGED_MAX_GRID", max_grid)
-    rng = rng_for("grouped", N, items, warps, c, max_grid)
-    x = rand(rng, (37, N), "bfloat16", scale=3.0)
-    x[5] += 3e3
-    X = to_backend(x, "torch")
-    monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: ("grouped", 8, 1, 1, 16))
-    monkeypatch.setattr(cs, "_fwd_plans", {})
-    fk.softmax(to_backend(rand(rng, (5, 800), "bfloat16"), "torch"))  # another layout of the mailbox
-    got = {}
-    for kind in ("staged", "grouped"):
-        monkeypatch.setattr(cs, "fwd_config", lambda *a, kind=kind, **k: (kind, 8, items, warps, c))
+    assert all(plan[5] is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
+    if len(cfg) > 5:
+        y = fk.softmax(X, scale=0.5)
+        monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: cfg[:5])
         monkeypatch.setattr(cs, "_fwd_plans", {})
-        got[kind] = [fk.softmax(X * s).view(torch.int16) for s in (1.0, 0.5, 2.0)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            got[kind].append(fk.softmax(X * 0.25).view(torch.int16))
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        assert [plan[6] for plan in cs._fwd_plans.values()] == [kind == "grouped"]
-    assert_rows(got["grouped"][0].view(torch.bfloat16), softmax64(x, 1.0), "bfloat16", "y")
-    for k, (y, want) in enumerate(zip(got["grouped"], got["staged"])):
-        assert torch.equal(y, want), f"grouped call {k} differs from the cluster form"
+        assert torch.equal(y.view(torch.int16), fk.softmax(X, scale=0.5).view(torch.int16)), \
+            "a ring of buffers changed the bits"
+    torch.cuda.synchronize()
 
 
 @pytest.mark.gpu
@@ -689,6 +666,8 @@ def test_grouped_equals_cluster(monkeypatch, N, items, warps, c, max_grid):
     (65544, ("staged", 8, 4, 32, 4), 2),         # cluster of 4, last chunk partial, 3 rows per cluster
     (4104, ("staged", 8, 2, 4, 4), 4),           # chunks of 129 vectors (last 126)
     (800, ("staged", 8, 1, 1, 16), 1),           # non-portable cluster of 16; the last CTA holds nothing
+    (65544, ("staged", 8, 4, 32, 4, 2), 2),      # a ring of 2 (y and dy per buffer), the ring wraps
+    (800, ("staged", 8, 1, 1, 16, 3), 1),        # a ring of 3, one cluster walks all 6 rows
 ], ids=str)
 def test_staged_backward(monkeypatch, N, cfg, max_grid):
     """The persistent staged backward (bulk copies of the next row's y and dy per CTA) against the float64
@@ -705,7 +684,7 @@ def test_staged_backward(monkeypatch, N, cfg, max_grid):
         backward = fk.log_softmax_backward if log else fk.softmax_backward
         got = {}
         for kind in ("staged", "cluster"):
-            monkeypatch.setattr(cs, "bwd_config", lambda *a, k=kind, **kw: (k,) + cfg[1:])
+            monkeypatch.setattr(cs, "bwd_config", lambda *a, k=kind, **kw: (k,) + cfg[1:(None if k == "staged" else 5)])
             monkeypatch.setattr(cs, "_bwd_plans", {})
             got[kind] = backward(DY, y, scale=scale)
             assert [plan[5] is not None for plan in cs._bwd_plans.values()] == [kind == "staged"]

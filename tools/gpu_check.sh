@@ -147,9 +147,9 @@ if has abunroll; then  # the FP8 casts' walks (quantize, dequantize, block-scale
   # AB_UNROLL_OPS=op,op keeps some of its ops)
   timeout $(left 240) python3 tools/ab_unroll.py "$OUT/ab_unroll.json" --rounds 3 ${AB_UNROLL_OPS:+--ops "$AB_UNROLL_OPS"} > "$OUT/ab_unroll.log" 2>&1; echo "abunroll rc=$?" >> "$OUT/ab_unroll.log"
 fi
-if has longrows; then  # the long-row kernels: grouped against cluster staged softmax (tools/ab_softmax_grouped.py),
+if has longrows; then  # the long-row kernels: ring depths of the staged kernels (tools/ab_staged_ring.py),
   # time against rows walked (tools/probe_staged_rows.py), copy bandwidth against SMs (tools/probe_sm_copy.py)
-  for t in ab_softmax_grouped probe_staged_rows probe_sm_copy; do
+  for t in ab_staged_ring probe_staged_rows probe_sm_copy; do
     timeout $(left 120) python3 tools/$t.py "$OUT/$t.json" > "$OUT/$t.log" 2>&1; echo "$t rc=$?" >> "$OUT/$t.log"
   done
 fi
@@ -221,7 +221,7 @@ cat "$L/sweep_norm_bwd_small.log" 2>/dev/null | tail -n 110
 grep -E "rc=" "$L/asv.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/gemm_repeat.log" 2>/dev/null
 grep -E "SUMMARY|rc=" "$L/ab_flush.log" 2>/dev/null
-grep -hE "rounds|per step|SMs|rc=" "$L/ab_softmax_grouped.log" "$L/probe_staged_rows.log" "$L/probe_sm_copy.log" 2>/dev/null
+grep -hE "rounds|per step|SMs|rc=" "$L/ab_staged_ring.log" "$L/probe_staged_rows.log" "$L/probe_sm_copy.log" 2>/dev/null
 grep -E "of copy|rc=|Error" "$L/ab_unroll.log" 2>/dev/null
 grep -E "SUMMARY|rc=|Error" "$L/ab_nvrtc_options.log" 2>/dev/null
 grep -E "SUMMARY|rc=|Error" "$L/ab_norm_fp8_weights.log" 2>/dev/null

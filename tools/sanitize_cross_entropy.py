@@ -97,7 +97,8 @@ ce.STAGED_BUFFERS = 1
 ce.STAGED_MIN_BYTES, ce.STAGED_CLUSTERS, ce.STAGE_CHUNK_BYTES = saved
 # the persistent kernel (forced): clusters walking rows, an empty chunk (N = 8 over 4 CTAs), uneven chunks
 for N, cfg in ((8, ("persistent", 8, 1, 1, 4)), (50264, ("persistent", 8, 4, 16, 4)),
-               (32768, ("persistent", 8, 8, 16, 1))):
+               (32768, ("persistent", 8, 8, 16, 1)), (50264, ("persistent", 8, 4, 16, 4, 3)),
+               (8, ("persistent", 8, 1, 1, 4, 2))):
     ce.fwd_config = lambda *a, cfg=cfg, **k: cfg
     ce._plans.clear()
     run(5, N, "float16", inplace=N == 50264)

@@ -1,7 +1,7 @@
 """Small softmax calls covering every kernel kind once (register rows with several rows per block and
 with one, thread-block clusters of 2, 4 and 8 CTAs with partial chunks, the looped kernels; no mask,
 causal, tensor masks with per-column and per-row bytes, both; softmax and log-softmax; both backwards;
-fp16, fp32 and an fp32 output; the persistent staged forward (clusters, and groups merging through L2)
+fp16, fp32 and an fp32 output; the persistent staged forward (clusters, rings of buffers)
 and backward), for compute-sanitizer memcheck /
 racecheck / synccheck. CuPy arrays (no bf16: the 16-bit paths are shared with fp16). Exits non-zero on
 a wrong result.
@@ -74,12 +74,12 @@ for dtype, shape in CASES:
             y = fk.softmax(X, mask=cupy.asarray(m), causal=causal)
             check(f"{name} {dtype} {shape}", y, ref.softmax(x, mask=m, causal=causal), tol)
 # the persistent staged forward: each CTA walks several rows (grid capped), a partial last chunk, a
-# cluster of 16 whose last CTA holds nothing; the grouped form (L2 mailbox) the same
+# cluster of 16 whose last CTA holds nothing; rings of 2 to 4 buffers (rows loaded ahead) the same
 cs.STAGED_MAX_GRID = 2
 real_fwd_config = cs.fwd_config
 for shape, cfg in (((5, 65536), ("staged", 8, 8, 32, 1)), ((5, 65544), ("staged", 8, 8, 32, 2)),
-                   ((5, 800), ("staged", 8, 1, 1, 16)), ((5, 65544), ("grouped", 8, 8, 32, 2)),
-                   ((5, 800), ("grouped", 8, 1, 1, 16))):
+                   ((5, 800), ("staged", 8, 1, 1, 16)), ((5, 65544), ("staged", 8, 8, 32, 2, 2)),
+                   ((5, 800), ("staged", 8, 1, 1, 16, 4)), ((5, 4104), ("staged", 8, 2, 4, 4, 3))):
     cs.fwd_config, cs._fwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
     x = (rng.standard_normal(shape) * 2).astype("float16")
     check(f"staged softmax {cfg} {shape}", fk.softmax(cupy.asarray(x), scale=0.5), ref.softmax(x, scale=0.5), 4e-3)
@@ -88,7 +88,7 @@ cs.fwd_config, cs._fwd_plans = real_fwd_config, {}
 # the staged backward (y and dy staged): the same walks, softmax and log-softmax
 real_bwd_config = cs.bwd_config
 for shape, cfg in (((5, 65536), ("staged", 8, 4, 32, 2)), ((5, 65544), ("staged", 8, 4, 32, 4)),
-                   ((5, 800), ("staged", 8, 1, 1, 16))):
+                   ((5, 800), ("staged", 8, 1, 1, 16)), ((5, 65544), ("staged", 8, 4, 32, 4, 2))):
     cs.bwd_config, cs._bwd_plans = (lambda *a, cfg=cfg, **k: cfg), {}
     x = (rng.standard_normal(shape) * 2).astype("float16")
     dy = rng.standard_normal(shape).astype("float16")

@@ -4,7 +4,8 @@ size: the row chunk per CTA in shared memory), the persistent kernel (the regist
 row's chunk by bulk copy) and the looped kernel.
 
     python3 tools/sweep_cross_entropy.py out.json        (SWEEP_NS=32768,131072 limits it;
-        SWEEP_KINDS=persistent,staged keeps those kinds; SWEEP_ELEMS=1073741824: the benchmark's size)
+        SWEEP_KINDS=persistent,staged keeps those kinds; SWEEP_ELEMS=1073741824: the benchmark's size;
+        SWEEP_STAGES=1,2,3: the persistent kernel's ring depths, default 1,2)
     SWEEP_POLICIES=0,1,2 python3 tools/sweep_cross_entropy.py out.json   (staged clusters under each
         cluster scheduling policy preference: 0 default, 1 spread, 2 load balancing)
 
@@ -23,6 +24,8 @@ import torch
 
 from fusedkit.backends import cuda_cross_entropy as cc
 from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs, run_meta
+
+STAGES = [int(s) for s in os.environ.get("SWEEP_STAGES", "1,2").split(",")]
 
 
 def candidates(N):
@@ -43,12 +46,13 @@ def candidates(N):
             for buffers in (1, 2):
                 if buffers * -(-nv // c) * 16 <= 200 * 1024 and -(-nv // c) >= threads:
                     out.append(("staged", threads, c, buffers))
-    for c in (1, 2, 4, 8, 16):  # persistent: 16-bit rows of <= 8 vectors a thread, chunk <= 200 KB
+    for c in (1, 2, 4, 8, 16):  # persistent: 16-bit rows of <= 8 vectors a thread, ring <= 200 KB
         for warps in (16, 32):
             for items in (2, 4, 8):
                 cap = c * 32 * warps * items
-                if cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
-                    out.append(("persistent", vec, items, warps, c))
+                for stages in STAGES:
+                    if cap >= nv > cap // 2 and stages * -(-nv // c) * 16 <= 200 * 1024:
+                        out.append(("persistent", vec, items, warps, c) + ((stages,) if stages > 1 else ()))
     kinds = os.environ.get("SWEEP_KINDS")
     out += [("looped", vec)]
     return [c for c in out if not kinds or c[0] in kinds.split(",")]

@@ -5,8 +5,8 @@ vectors per thread), clusters (C CTAs x warps x vectors), the staged forward and
     python3 tools/sweep_softmax.py out.json
 
 SWEEP_DIRS=fwd or bwd limits it (masked: the masked forward, N = Sq, of the benchmark's mask);
-SWEEP_NS=65536,262144 picks the rows; SWEEP_MIN_ITEMS=4 leaves out thin splits; SWEEP_KINDS=staged,rows
-keeps those kinds only.
+SWEEP_NS=65536,262144 picks the rows; SWEEP_MIN_ITEMS=4 leaves out thin splits; SWEEP_STAGES=1,2,3 the
+staged kinds' ring depths (default 1,2).
 
 Prints every config's time, GB/s and fraction of copy, and the best per (direction, N); writes JSON to
 argv[1]. Winners go into fusedkit/backends/cuda_softmax.py TUNED_FWD / TUNED_MASKED_FWD /
@@ -23,6 +23,7 @@ from fusedkit.bench import GpuTimer, copy_gbps, sweep_configs, run_meta
 
 
 MIN_ITEMS = int(os.environ.get("SWEEP_MIN_ITEMS", "1"))  # e.g. 4: leave out the thin splits (slow everywhere)
+STAGES = [int(s) for s in os.environ.get("SWEEP_STAGES", "1,2").split(",")]  # the staged kinds' ring depths
 
 
 def candidates(N, direction):
@@ -44,8 +45,9 @@ def candidates(N, direction):
             for warps in (8, 16, 32):
                 for items in (4, 8):
                     cap = c * 32 * warps * items
-                    if items >= MIN_ITEMS and cap >= nv > cap // 2 and -(-nv // c) * 16 <= 200 * 1024:
-                        out.append(("staged", vec, items, warps, c))
+                    for stages in STAGES:
+                        if items >= MIN_ITEMS and cap >= nv > cap // 2 and stages * -(-nv // c) * 16 <= 200 * 1024:
+                            out.append(("staged", vec, items, warps, c) + ((stages,) if stages > 1 else ()))
     if direction == "bwd" and N >= 32768:  # the persistent staged backward (y and dy chunks <= 200 KB)
         for c in (2, 4, 8, 16):
             for warps in (16, 32):
@@ -53,8 +55,9 @@ def candidates(N, direction):
                     cap = c * 32 * warps * items
                     if items == 8 and warps == 32:   # 8 vectors of y and dy: ~110 registers, 512 threads at most
                         continue
-                    if items >= MIN_ITEMS and cap >= nv > cap // 2 and 2 * -(-nv // c) * 16 <= 200 * 1024:
-                        out.append(("staged", vec, items, warps, c))
+                    for stages in STAGES:
+                        if items >= MIN_ITEMS and cap >= nv > cap // 2 and stages * 2 * -(-nv // c) * 16 <= 200 * 1024:
+                            out.append(("staged", vec, items, warps, c) + ((stages,) if stages > 1 else ()))
     return out + [("looped", vec)]
 
 

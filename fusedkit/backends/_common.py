@@ -45,27 +45,19 @@ def sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
-_exchange: dict = {}  # (device, stream) -> the zeroed L2 mailbox buffer of the grouped kernels
-EXCHANGE_SLOT_BYTES = 32   # L2Slot in cuda/common/staged.cuh
-EXCHANGE_MAX_BLOCKS_PER_SM = 32
+def ring_stages(cfg, fields: int = 5) -> int:
+    """The ring depth of a persistent staged config (common/staged.cuh STAGES): its field after the first
+    ``fields`` (kind, vec, items, warps, C), 1 when absent. 1 to 4."""
+    stages = cfg[fields] if len(cfg) > fields else 1
+    if len(cfg) > fields + 1 or not 1 <= stages <= 4:
+        raise ValueError(f"fusedkit: a staged config is (kind, vec, items, warps, C) with an optional ring "
+                         f"depth of 1 to 4 buffers, got {cfg}")
+    return stages
 
 
-def group_exchange(device: int, stream: int) -> int:
-    """The L2 mailbox of the grouped staged kernels (common/staged.cuh, L2Step) for launches on ``stream``:
-    one zeroed buffer per (device, stream), sized for any grid of resident blocks (groups of two or more
-    CTAs take at most 2.5 slots a CTA), allocated and zeroed on that stream the first time (the launches
-    after it are ordered behind the memset) and kept: each launch leaves it zeroed (l2_close). Launches on
-    one stream run one after another; another stream gets its own buffer."""
-    key = (device, int(stream))
-    buf = _exchange.get(key)
-    if buf is None:
-        import cupy
-        nbytes = sm_count(device) * EXCHANGE_MAX_BLOCKS_PER_SM * EXCHANGE_SLOT_BYTES * 5 // 2
-        with cupy.cuda.Device(device):
-            buf = cupy.cuda.alloc(nbytes)
-            cupy.cuda.runtime.memsetAsync(buf.ptr, 0, nbytes, int(stream))
-        _exchange[key] = buf
-    return buf.ptr
+def stages_arg(stages: int) -> str:
+    """The kernels' STAGES template argument as their names carry it (none for the default 1)."""
+    return "" if stages == 1 else f", {stages}"
 
 
 def grid_stride_blocks(work: int, threads: int, device: int, per_sm: int = 8) -> int:
@@ -77,16 +69,14 @@ def grid_stride_blocks(work: int, threads: int, device: int, per_sm: int = 8) ->
 _launchers: dict = _jit.plan_cache()
 
 
-def launcher(file: str, expr: str, codes: str, device: int, cluster: int = 1,
-             cooperative: bool = False) -> Launcher:
+def launcher(file: str, expr: str, codes: str, device: int, cluster: int = 1) -> Launcher:
     """The Launcher of kernel ``expr`` of ``cuda/<file>`` on ``device`` (compiled and loaded once);
-    ``cluster`` > 1: launched with clusters of that many CTAs (a cluster attribute); ``cooperative``: a
-    cooperative launch (all blocks resident at once)."""
-    key = (file, expr, device, cluster, cooperative)
+    ``cluster`` > 1: launched with clusters of that many CTAs (a cluster attribute)."""
+    key = (file, expr, device, cluster)
     fn = _launchers.get(key)
     if fn is None:
         fn = _launchers[key] = Launcher(_jit.get_kernel(file, expr, device).kernel, codes, device,
-                                        cluster=cluster if cluster > 1 else None, cooperative=cooperative)
+                                        cluster=cluster if cluster > 1 else None)
     return fn
 
 

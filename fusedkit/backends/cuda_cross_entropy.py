@@ -10,7 +10,8 @@ rows per block), a thread-block cluster of C CTAs splitting the row in registers
 that, ``("looped", vec)`` (two passes over global memory). ``("persistent", vec, items, warps, C)``
 (sm_90, 16-byte vectors): the register mapping of the cluster kernel in a persistent grid whose CTAs
 bulk-copy their chunk of the next row while they finish the current one (TUNED_PERSISTENT names
-the shapes; ``config=`` and tools/sweep_cross_entropy.py reach the others). Sequence of a call (all on the caller's stream):
+the shapes; ``config=`` and tools/sweep_cross_entropy.py reach the others); an optional sixth field,
+the ring depth (1 to 4 buffers, rows loaded ahead; default 1). Sequence of a call (all on the caller's stream):
 ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
 fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
 order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
@@ -23,7 +24,7 @@ from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import Launcher, stream_ptr
 from ._common import (align_elems, blocks_per_sm, check_row_config, grid_stride_blocks, launcher,
-                      resident_clusters, sm_count, vec_width)
+                      resident_clusters, ring_stages, sm_count, stages_arg, vec_width)
 
 FILE = "cross_entropy.cu"
 CLUSTERS = (2, 4, 8)     # portable cluster sizes tried, smallest first
@@ -63,11 +64,12 @@ STAGED_CLUSTER_POLICY = 0
 # 102254Z / 102556Z: 0.878 / 0.874); at 262144 its best (8, 16, 8) read 0.837, below the staged 0.847
 # (on an H100 the other way round, 0.936 against 0.906: ab_staged_pieces_H100_2026-12-06T1450Z.json;
 # the H200 A/B decides).
-# PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16).
+# PERSISTENT_CANDIDATES: the splits the compile-all check builds and the sweep times (bf16); a fourth
+# field is the ring depth (32 KB chunks, two rows loaded ahead).
 TUNED_PERSISTENT: dict = {(131072, 2): (8, 32, 2)}
 PERSISTENT_CANDIDATES = {32768: ((8, 16, 1), (4, 32, 1)),
-                         131072: ((8, 16, 4), (4, 32, 4), (8, 32, 2)),
-                         262144: ((8, 16, 8), (4, 32, 8), (4, 16, 16))}
+                         131072: ((8, 16, 4), (4, 32, 4), (8, 32, 2), (4, 16, 8, 2)),
+                         262144: ((8, 16, 8), (4, 32, 8), (4, 16, 16), (4, 16, 16, 2), (8, 8, 16, 2))}
 
 
 def regs_per_item(vec: int, itemsize: int) -> int:
@@ -143,16 +145,17 @@ def rows_per_block(warps: int) -> int:
 
 
 def persistent_chunk_bytes(cfg, N: int) -> int:
-    """Shared memory of a persistent config: one CTA's chunk of the row, whole 16-byte vectors."""
-    return -(-(N // cfg[1]) // cfg[4]) * 16
+    """Shared memory of a persistent config: one CTA's chunk of the row, whole 16-byte vectors, per
+    buffer of its ring."""
+    return ring_stages(cfg) * -(-(N // cfg[1]) // cfg[4]) * 16
 
 
 def fwd_expr(cfg, dt: str) -> str:
     if cfg[0] == "staged":
         return f"fk::ce_fwd_staged<{CXX[dt]}, {cfg[1]}, {cfg[2]}, {cfg[3]}>"
     if cfg[0] == "persistent":
-        _, vec, items, warps, c = cfg
-        return f"fk::ce_fwd_persistent<{CXX[dt]}, {vec}, {items}, {warps}, {c}>"
+        vec, items, warps, c = cfg[1:5]
+        return f"fk::ce_fwd_persistent<{CXX[dt]}, {vec}, {items}, {warps}, {c}{stages_arg(ring_stages(cfg))}>"
     if cfg[0] == "rows":
         _, vec, items, warps, c = cfg
         if c == 1:
@@ -195,7 +198,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
         return plan
     cfg = config or fwd_config(N, ITEMSIZE[dt], clusters_ok(device), max_vec)
     if cfg[0] in ("rows", "persistent"):  # register-mapped: the row must fit the config
-        _, vec, items, warps, c = cfg
+        vec, items, warps, c = cfg[1:5]
         check_row_config("cross_entropy", cfg, N, vec, c * 32 * warps * items)
     expr = fwd_expr(cfg, dt)
     k = _jit.get_kernel(FILE, expr, device)
@@ -311,8 +314,8 @@ def all_expressions():
             for buffers in (1, 2):
                 exprs.add(fwd_expr(("staged", STAGED_THREADS, c, buffers), dt))
         for N, cands in PERSISTENT_CANDIDATES.items():  # the persistent kernel's candidates (bf16)
-            for items, warps, c in cands if dt == "bfloat16" else ():
-                exprs.add(fwd_expr(("persistent", 8, items, warps, c), dt))
+            for cand in cands if dt == "bfloat16" else ():
+                exprs.add(fwd_expr(("persistent", 8) + tuple(cand), dt))
         for vec in sorted({1, 16 // s}):
             exprs.add(fwd_expr(("looped", vec), dt))
             exprs.add(bwd_expr(dt, vec))

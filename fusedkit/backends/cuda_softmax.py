@@ -7,15 +7,12 @@ Launch configs are a small table plus one rule (``fwd_config`` / ``bwd_config``)
 * ``("cluster", vec, items, warps, C)``: sm_90+, a thread-block cluster of C CTAs per row (launched with
   a cluster attribute; C = 16 is the non-portable size, opted in per kernel), each CTA holding a
   contiguous chunk in registers; statistics merged through distributed shared memory.
-* ``("staged", vec, items, warps, C)``: sm_90, unmasked forward only: the register mapping of
+* ``("staged", vec, items, warps, C[, stages])``: sm_90, unmasked forward only: the register mapping of
   ``cluster`` (C = 1: a CTA per row) in a persistent grid, each CTA's chunk of the next row arriving by a
-  bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes).
+  bulk copy into shared memory while it works on the current one (TUNED_STAGED_FWD names the shapes);
+  ``stages`` (default 1, up to 4): a ring of that many buffers, so that many rows are loaded ahead.
   The backward has the same kind for y and dy (two bulk copies per row; TUNED_STAGED_BWD names the
   shapes).
-* ``("grouped", vec, items, warps, C)``: the staged forward without clusters: the C CTAs of a row are
-  consecutive blocks of a cooperative launch that merge through an L2 mailbox (a zeroed buffer per
-  stream, ``_common.group_exchange``), so the grid fills every CTA slot where clusters of 8 leave some
-  idle (30 clusters of 8 = 240 of the H100's 264 slots at 262144).
 * ``("looped", vec)``: one row per 512-thread block, two passes over global memory (any N).
 
 The rule: the fewest warps (up to 16) that keep at most 2 vectors per thread, at 16 warps up to
@@ -31,8 +28,8 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import (align_elems, blocks_per_sm, check_row_config, group_exchange, launcher, sm_count,
-                      vec_width)
+from ._common import (align_elems, blocks_per_sm, check_row_config, launcher, ring_stages, sm_count,
+                      stages_arg, vec_width)
 from ._common import resident_clusters as _resident_clusters  # module-level: tests replace it
 
 FILE = "softmax.cu"
@@ -71,11 +68,11 @@ TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 # 0.942 against 0.826 for the cluster kernel of the same split; (8, 16, 8) 0.926, (4, 32, 8) 0.922.
 # STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
 TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
-# Candidates of the staged forward at 262144 for the A/B of the grouped kind (tools/ab_softmax_grouped.py):
-# the shipped split without clusters (2 CTAs a SM: 33 groups on 132 SMs) and 16 CTAs of 256 threads (32
-# KB chunks, 4 CTAs a SM: 33 groups); the compile-all check builds them. Splits with half the rows in
-# flight, (4, 16, 16) and (4, 32, 8), read 0.57 of copy (H100, release / acquire mailbox).
-STAGED_FWD_CANDIDATES = {262144: (("grouped", 8, 8, 16, 8), ("grouped", 8, 8, 8, 16))}
+# Candidates of the staged forward at 262144 with a deeper ring (two or three rows loaded ahead: 32 KB
+# chunks, 2 x 32 KB or 3 x 32 KB of shared memory a CTA); the compile-all check builds them and the
+# sweep times them beside the shipped split.
+STAGED_FWD_CANDIDATES = {262144: (("staged", 8, 8, 8, 16, 2), ("staged", 8, 4, 16, 16, 2),
+                                  ("staged", 8, 4, 16, 16, 3))}
 STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
 STAGED_MAX_GRID = None
 
@@ -157,15 +154,11 @@ def fwd_expr(cfg, x_dt, o_dt, log, masking, N=None) -> str:
     if cfg[0] == "cluster":
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_fwd_cluster<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}, {masking}>"
-    if cfg[0] in ("staged", "grouped"):
+    if cfg[0] == "staged":
         assert masking == MASK_NONE, "the staged forward has no masks"
-        assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
         vec, items, warps, c = cfg[1:5]
-        if cfg[0] == "grouped" and c < 2:  # (and the mailbox buffer is sized for groups of 2 or more)
-            raise ValueError(f"fusedkit: a grouped config needs at least 2 CTAs a row, got {cfg}; "
-                             f"one CTA a row is the staged kind")
-        grouped = ", true" if cfg[0] == "grouped" else ""
-        return f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}{grouped}>"
+        return (f"fk::softmax_fwd_staged<{T}, {O}, {vec}, {items}, {warps}, {c}, {_b(log)}"
+                f"{stages_arg(ring_stages(cfg))}>")
     return f"fk::softmax_fwd_looped<{T}, {O}, {cfg[1]}, {_b(log)}, {masking}>"
 
 
@@ -178,9 +171,8 @@ def bwd_expr(cfg, dt, log) -> str:
         vec, items, warps, c = cfg[1:5]
         return f"fk::softmax_bwd_cluster<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
     if cfg[0] == "staged":
-        assert len(cfg) == 5, f"a staged config has five fields: {cfg}"
         vec, items, warps, c = cfg[1:5]
-        return f"fk::softmax_bwd_staged<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
+        return f"fk::softmax_bwd_staged<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}{stages_arg(ring_stages(cfg))}>"
     return f"fk::softmax_bwd_looped<{T}, {cfg[1]}, {_b(log)}>"
 
 
@@ -190,7 +182,7 @@ def _geometry(cfg):
         warps = cfg[3]
         rpb = rows_per_block(warps)
         return (32 * warps, rpb), rpb, 1
-    if cfg[0] in ("cluster", "staged", "grouped"):
+    if cfg[0] in ("cluster", "staged"):
         return (32 * cfg[3], 1), 1, cfg[4]
     return (LOOPED_THREADS, 1), 1, 1
 
@@ -200,14 +192,14 @@ def check_covers(op: str, cfg, N: int) -> None:
     kernel takes any N."""
     if cfg[0] != "looped":
         vec, items, warps = cfg[1:4]
-        c = cfg[4] if cfg[0] in ("cluster", "staged", "grouped") else 1
+        c = cfg[4] if cfg[0] in ("cluster", "staged") else 1
         check_row_config(op, cfg, N, vec, c * 32 * warps * items)
 
 
 def staged_smem(cfg, N, tensors: int = 1) -> int:
     """Dynamic shared memory of a staged config: a CTA's chunk of the row for each of ``tensors`` inputs
-    (the forward's x; the backward's y and dy), whole 16-byte vectors."""
-    return tensors * -(-(N // cfg[1]) // cfg[4]) * 16
+    (the forward's x; the backward's y and dy), whole 16-byte vectors, per buffer of its ring."""
+    return ring_stages(cfg) * tensors * -(-(N // cfg[1]) // cfg[4]) * 16
 
 
 def _grid(M, rpb, per_row) -> int:
@@ -311,13 +303,12 @@ def _log_config(op, expr, grid, block):
 
 FWD_CODES = "pppqifqqqqqqqqiqqqq"  # x, mask, y, M, N, scale, mask args (sq .. mcol), fast_div(sq, n1, n2, n3)
 BWD_CODES = "pppqif"
-STAGED_CODES = "ppqifp"  # x, y, M, N, scale, L2 mailbox (the staged backward takes BWD_CODES)
+STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES)
 
 
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
-    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap, grouped) of
-    ``cfg``; the grid cap (resident clusters or groups) only for the persistent staged kernels, else
-    None; grouped: the kernel takes an L2 mailbox (``group_exchange``). A config that cannot
+    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
+    grid cap (resident clusters) only for the persistent staged kernels, else None. A config that cannot
     be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
     (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
@@ -326,27 +317,26 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_C
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
         expr = expr_of(c)
-        if c[0] in ("staged", "grouped"):
+        if c[0] == "staged":
             smem = staged_smem(c, N, staged_tensors)
             try:
                 # (also opts the kernel in to more than 48 KB of shared memory)
                 per_sm = blocks_per_sm(_jit.get_kernel(FILE, expr, device), expr, device, block[0], smem)
             except RuntimeError:
                 per_sm = 0
-            grouped = c[0] == "grouped"
-            fn = launcher(FILE, expr, staged_codes, device, 1 if grouped else per_row, cooperative=grouped)
-            if per_row == 1 or grouped or not per_sm:
+            fn = launcher(FILE, expr, staged_codes, device, per_row)
+            if per_row == 1 or not per_sm:
                 cap = per_sm * sm_count(device) // per_row
             else:
                 cap = _resident_clusters(fn, block, device, smem)
             if cap > 0:
                 _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
-                return fn, block, rpb, per_row, smem, cap, grouped
+                return fn, block, rpb, per_row, smem, cap
         else:
             fn = launcher(FILE, expr, codes, device, per_row)
             if per_row == 1 or _resident_clusters(fn, block, device) > 0:
                 _log_config(op, expr, f"rows/{rpb}*{per_row}", block)
-                return fn, block, rpb, per_row, 0, None, False
+                return fn, block, rpb, per_row, 0, None
         _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
 
@@ -369,14 +359,13 @@ def forward(x, mask, y, M, N, x_dt, o_dt, scale, log, masking, mask_args, device
         plan = _fwd_plans[key] = _launch_plan(
             "softmax_fwd", cfg, lambda c: fwd_expr(c, x_dt, o_dt, log, masking, N), FWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_FWD[s], clusters, max_vec, {}), N)
-    fn, block, rpb, per_row, smem, cap, grouped = plan
+    fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:
         sp = stream_ptr(stream)
         if cap is None:
             fn(_grid(M, rpb, per_row), block, 0, sp, x, mask, y, M, N, scale, *_fwd_mask_args(mask_args))
-        else:  # the persistent staged kernels: at most one cluster (group) per row
-            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, sp, x, y, M, N, scale,
-               group_exchange(device, sp) if grouped else 0)
+        else:  # the persistent staged kernels: at most one cluster per row
+            fn(min(M, cap, STAGED_MAX_GRID or cap) * per_row, block, smem, sp, x, y, M, N, scale)
 
 
 _bwd_plans: dict = _jit.plan_cache()
@@ -394,7 +383,7 @@ def backward(dy, y, dx, M, N, dt, scale, log, device, stream, config=None):
             "softmax_bwd", cfg, lambda c: bwd_expr(c, dt, log), BWD_CODES, device,
             lambda clusters: _rule(N, s, MAX_ITEMS_BWD, clusters, max_vec, {}), N,
             staged_codes=BWD_CODES, staged_tensors=2)
-    fn, block, rpb, per_row, smem, cap, _ = plan
+    fn, block, rpb, per_row, smem, cap = plan
     if M > 0 and N > 0:  # the persistent staged kernel (cap): at most the resident clusters, one per row
         grid = _grid(M, rpb, per_row) if cap is None else min(M, cap, STAGED_MAX_GRID or cap) * per_row
         fn(grid, block, smem, stream_ptr(stream), dy, y, dx, M, N, scale)
