@@ -2,7 +2,8 @@
 the long rows, bf16: the softmax forward at 512 x 262144 (shipped config against
 cuda_softmax.STAGED_FWD_CANDIDATES), the softmax backward at 512 x 262144 (shipped against its split
 with 2 buffers) and the fused cross-entropy (loss + gradient) at 8192 x 131072 and 4096 x 262144
-(shipped against cuda_cross_entropy.PERSISTENT_CANDIDATES with a ring). AB_ROUNDS (3) interleaved
+(shipped against cuda_cross_entropy.PERSISTENT_CANDIDATES with a ring, and the benchmark's call
+fk.cross_entropy beside the kernel alone). AB_ROUNDS (3) interleaved
 rounds, each config a fraction of a copy timed in the same round; prints each config's grid cap
 (resident clusters) and whether its output bits equal the first config's (a ring moves loads, not
 sums, so they must). AB_CASES=softmax_fwd,ce_262144 keeps some cases. Writes JSON to argv[1].
@@ -70,9 +71,15 @@ def ce_case(M, N):
         loss = torch.empty(M, device="cuda")
         stream = torch.cuda.current_stream().cuda_stream
         shipped = cce.fwd_config(N, 2)
-        configs = [shipped] + [("persistent", 8) + tuple(c) for c in cce.PERSISTENT_CANDIDATES[N] if len(c) > 3]
+        # ("api",): the benchmark's call, fk.cross_entropy (mean: a count kernel, the fused kernel with the
+        # shipped config, a reduction), so the gap between the kernel alone and the call shows (its
+        # gradient is scaled by 1 / M: its bits differ)
+        configs = ([shipped] + [("persistent", 8) + tuple(c) for c in cce.PERSISTENT_CANDIDATES[N] if len(c) > 3]
+                   + [("api",)])
 
         def make(cfg):
+            if cfg == ("api",):
+                return lambda: fk.cross_entropy(x, t, return_grad=True)[1]
             grad = torch.empty_like(x)
 
             def run():  # the kernel alone (per-token loss, no reduction) and the gradient: 4MN bytes
