@@ -540,7 +540,7 @@ def test_persistent_kernel(monkeypatch, dtype, N, cfg):
         monkeypatch.setattr(ce, "fwd_config", lambda *a, k=kind, **_: (k,) + cfg[1:(None if k == "persistent" else 5)])
         monkeypatch.setattr(ce, "_plans", {})
         got[kind] = fk.cross_entropy(X, T, return_lse=True, return_grad=True, **kw)
-        assert [plan[5] is not None for plan in ce._plans.values()] == [kind == "persistent"]
+        assert [plan.cap is not None for plan in ce._plans.values()] == [kind == "persistent"]
         if kind == "persistent":
             loss_only = fk.cross_entropy(X, T, **kw)
             X2 = to_backend(x.copy(), "torch")

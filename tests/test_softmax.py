@@ -649,7 +649,7 @@ def test_staged_forward(monkeypatch, N, cfg, max_grid):
     assert_rows(fk.softmax(X, scale=0.5), softmax64(x, 0.5), "bfloat16", "y")
     assert_close(fk.log_softmax(X), log_softmax64(x), "bfloat16", "log_softmax")
     assert_rows(fk.softmax(X, out_dtype="float32"), softmax64(x, 1.0), "float32", "y fp32")
-    assert all(plan[5] is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
+    assert all(plan.cap is not None for plan in cs._fwd_plans.values())  # the staged kernel ran
     if len(cfg) > 5:
         y = fk.softmax(X, scale=0.5)
         monkeypatch.setattr(cs, "fwd_config", lambda *a, **k: cfg[:5])
@@ -687,7 +687,7 @@ def test_staged_backward(monkeypatch, N, cfg, max_grid):
             monkeypatch.setattr(cs, "bwd_config", lambda *a, k=kind, **kw: (k,) + cfg[1:(None if k == "staged" else 5)])
             monkeypatch.setattr(cs, "_bwd_plans", {})
             got[kind] = backward(DY, y, scale=scale)
-            assert [plan[5] is not None for plan in cs._bwd_plans.values()] == [kind == "staged"]
+            assert [plan.cap is not None for plan in cs._bwd_plans.values()] == [kind == "staged"]
         assert_rows(got["staged"], grad64(x, dy, scale, log), "bfloat16",
                     f"dx log={log}")
         assert torch.equal(got["staged"].view(torch.int16), got["cluster"].view(torch.int16)), \
@@ -711,8 +711,8 @@ def test_cluster_not_resident_falls_back(monkeypatch):
     assert_rows(fk.softmax_backward(to_backend(dy, "torch"), y), p * (g - (g * p).sum(-1, keepdims=True)),
                 "bfloat16", "dx")
     # one plan each, without clusters (CTAs per row = 1)
-    assert [plan[3] for plan in cs._fwd_plans.values()] == [1]
-    assert [plan[3] for plan in cs._bwd_plans.values()] == [1]
+    assert [plan.ctas_per_row for plan in cs._fwd_plans.values()] == [1]
+    assert [plan.ctas_per_row for plan in cs._bwd_plans.values()] == [1]
 
 
 @pytest.mark.gpu

@@ -40,7 +40,7 @@ def softmax_fwd_case():
                        cs.NO_MASK, 0, stream, config=cfg)
             return y
         return run
-    return "softmax_fwd 512x262144", 4 * M * N, configs, make, lambda cfg: _cap(cs._fwd_plans, cfg, 6, 5)
+    return "softmax_fwd 512x262144", 4 * M * N, configs, make, lambda cfg: _cap(cs._fwd_plans, cfg, 6)
 
 
 def softmax_bwd_case():
@@ -60,7 +60,7 @@ def softmax_bwd_case():
                         config=cfg)
             return dx
         return run
-    return "softmax_bwd 512x262144", 6 * M * N, configs, make, lambda cfg: _cap(cs._bwd_plans, cfg, 4, 5)
+    return "softmax_bwd 512x262144", 6 * M * N, configs, make, lambda cfg: _cap(cs._bwd_plans, cfg, 4)
 
 
 def ce_case(M, N):
@@ -87,12 +87,13 @@ def ce_case(M, N):
                             "bfloat16", -100, 0.0, 0.0, 1.0, 0, stream, config=cfg)
                 return grad
             return run
-        return f"cross_entropy {M}x{N}", 4 * M * N, configs, make, lambda cfg: _cap(cce._plans, cfg, 3, 5)
+        return f"cross_entropy {M}x{N}", 4 * M * N, configs, make, lambda cfg: _cap(cce._plans, cfg, 3)
     return case
 
 
-def _cap(plans, cfg, key_index, cap_index):
-    caps = [p[cap_index] for k, p in plans.items() if k[key_index] == cfg]
+def _cap(plans, cfg, key_index):
+    """The grid cap of the plan built for ``cfg`` (the config at ``key_index`` of the plan cache's key)."""
+    caps = [p.cap for k, p in plans.items() if k[key_index] == cfg]
     return caps[0] if caps and caps[0] is not None else 0
 
 

@@ -23,9 +23,8 @@ from fusedkit.bench import GpuTimer, run_meta
 
 
 def cap_of(plans) -> int:
-    """The grid cap of the persistent plans: field 5 of a softmax plan (fn, block, rows per block, CTAs
-    per row, smem, cap, grouped) and of a cross-entropy plan (fn, block, rows per block, CTAs, smem, cap)."""
-    caps = [p[5] for p in plans.values() if p[5]]
+    """The grid cap of the persistent plans (LaunchPlan.cap)."""
+    caps = [p.cap for p in plans.values() if p.cap]
     return max(caps) if caps else 0
 
 

@@ -1,8 +1,10 @@
 """What every CUDA launcher module shares: vector widths under pointer alignment, the SM count, the
-grid of a grid-stride kernel, and memoized ``Launcher``s (fusedkit/_launch.py) per kernel."""
+grid of a grid-stride kernel, memoized ``Launcher``s (fusedkit/_launch.py) per kernel, the row kernels'
+launch plans and the staged kernels' ring depth."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple, Optional
 
 from .. import _jit
 from .._launch import Launcher
@@ -43,6 +45,19 @@ def align_elems(pairs) -> int:
 def sm_count(device: int) -> int:
     import cupy
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+class LaunchPlan(NamedTuple):
+    """A row kernel's launch, built once per shape and config: the Launcher, the block, rows per block,
+    CTAs per row (the cluster size), dynamic shared memory, and the grid cap: the resident clusters for a
+    persistent kernel, None for a grid of one block (cluster) per row group (cross-entropy: 0 for its
+    staged kernel's one row per cluster)."""
+    fn: Launcher
+    block: tuple
+    rows_per_block: int
+    ctas_per_row: int
+    smem: int
+    cap: Optional[int]
 
 
 def ring_stages(cfg, fields: int = 5) -> int:

@@ -23,7 +23,7 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import Launcher, stream_ptr
-from ._common import (align_elems, blocks_per_sm, check_row_config, grid_stride_blocks, launcher,
+from ._common import (LaunchPlan, align_elems, blocks_per_sm, check_row_config, grid_stride_blocks, launcher,
                       resident_clusters, ring_stages, sm_count, stages_arg, vec_width)
 
 FILE = "cross_entropy.cu"
@@ -188,10 +188,10 @@ _logged: set = set()
 
 
 def _fwd_plan(N, dt, device, config, max_vec):
-    """(launcher, block, rows per block, cluster size, dynamic shared memory, row cap) of the fused kernel,
-    cached per shape/dtype. Row cap: the grid's clusters for the persistent staged kernel (the resident
-    ones), 0 for the other staged launches (one row per cluster, capped only by STAGED_MAX_GROUPS in
-    tests), None for the register and looped kernels."""
+    """The LaunchPlan of the fused kernel, cached per shape/dtype. Its cap: the grid's clusters for the
+    persistent kernel and the double-buffered staged one (the resident ones), 0 for the other staged
+    launches (one row per cluster, capped only by STAGED_MAX_GROUPS in tests), None for the register and
+    looped kernels."""
     key = (N, dt, device, config, max_vec, STAGED_CLUSTER_POLICY)
     plan = _plans.get(key)
     if plan is not None:
@@ -240,7 +240,7 @@ def _fwd_plan(N, dt, device, config, max_vec):
     if _env.DEBUG >= 1 and expr not in _logged:
         _logged.add(expr)
         _env.debug(1, f"cross_entropy: {expr} grid=rows/{rpb}*{c} block={block} cluster={c} smem={smem}")
-    plan = _plans[key] = (fn, block, rpb, c, smem, cap)
+    plan = _plans[key] = LaunchPlan(fn, block, rpb, c, smem, cap)
     return plan
 
 

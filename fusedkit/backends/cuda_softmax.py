@@ -28,8 +28,8 @@ from functools import lru_cache
 from .. import _env, _jit
 from .._dtypes import CXX, ITEMSIZE
 from .._launch import stream_ptr
-from ._common import (align_elems, blocks_per_sm, check_row_config, launcher, ring_stages, sm_count,
-                      stages_arg, vec_width)
+from ._common import (LaunchPlan, align_elems, blocks_per_sm, check_row_config, launcher, ring_stages,
+                      sm_count, stages_arg, vec_width)
 from ._common import resident_clusters as _resident_clusters  # module-level: tests replace it
 
 FILE = "softmax.cu"
@@ -307,8 +307,8 @@ STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES
 
 
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
-    """(Launcher, block, rows per block, CTAs per row, dynamic shared memory, grid cap) of ``cfg``; the
-    grid cap (resident clusters) only for the persistent staged kernels, else None. A config that cannot
+    """The LaunchPlan of ``cfg``; its grid cap (resident clusters) only for the persistent staged kernels,
+    else None. A config that cannot
     be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
     (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
@@ -331,12 +331,12 @@ def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_C
                 cap = _resident_clusters(fn, block, device, smem)
             if cap > 0:
                 _log_config(op, expr, f"min(rows, {cap})*{per_row} (persistent)", block)
-                return fn, block, rpb, per_row, smem, cap
+                return LaunchPlan(fn, block, rpb, per_row, smem, cap)
         else:
             fn = launcher(FILE, expr, codes, device, per_row)
             if per_row == 1 or _resident_clusters(fn, block, device) > 0:
                 _log_config(op, expr, f"rows/{rpb}*{per_row}", block)
-                return fn, block, rpb, per_row, 0, None
+                return LaunchPlan(fn, block, rpb, per_row, 0, None)
         _env.debug(1, f"{op}: {expr} cannot be resident here; trying the next config")
     raise AssertionError("unreachable: the last config has no cluster")
 
