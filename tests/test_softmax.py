@@ -525,9 +525,11 @@ def test_staged_ring_config():
         with pytest.raises(ValueError, match="ring depth of 1 to 4"):
             cs.fwd_expr(bad, "bfloat16", "bfloat16", False, cs.MASK_NONE)
     exprs = set(cs.all_expressions()[cs.FILE])
-    for c in cs.STAGED_FWD_CANDIDATES[262144]:
-        assert c[0] == "staged" and cs.staged_smem(c, 262144) <= 200 * 1024
-        assert cs.fwd_expr(c, "bfloat16", "bfloat16", False, cs.MASK_NONE) in exprs
+    for N, cands in cs.STAGED_FWD_CANDIDATES.items():
+        for c in cands:
+            assert c[0] == "staged" and cs.staged_smem(c, N) <= 200 * 1024
+            cs.check_covers("softmax_fwd", c, N)
+            assert cs.fwd_expr(c, "bfloat16", "bfloat16", False, cs.MASK_NONE) in exprs
 
 
 def test_full_rows_flag():

@@ -1,5 +1,5 @@
 """A/B of the persistent staged kernels' ring depth (common/staged.cuh STAGES: rows loaded ahead) on
-the long rows, bf16: the softmax forward at 512 x 262144 (shipped config against
+the long rows, bf16: the softmax forward at 512 x 262144 and 2048 x 65536 (shipped config against
 cuda_softmax.STAGED_FWD_CANDIDATES), the softmax backward at 512 x 262144 (shipped against its split
 with 2 buffers) and the fused cross-entropy (loss + gradient) at 8192 x 131072 and 4096 x 262144
 (shipped against cuda_cross_entropy.PERSISTENT_CANDIDATES with a ring, and the benchmark's call
@@ -24,8 +24,12 @@ from fusedkit.bench import GpuTimer, copy_gbps, run_meta
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 
 
-def softmax_fwd_case():
-    M, N = 512, 262144
+def softmax_fwd_case(N):
+    return lambda: _softmax_fwd(N)
+
+
+def _softmax_fwd(N):
+    M = 2**27 // N
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(M, N, device="cuda", generator=g) * 2).to(torch.bfloat16)
     stream = torch.cuda.current_stream().cuda_stream
@@ -40,7 +44,7 @@ def softmax_fwd_case():
                        cs.NO_MASK, 0, stream, config=cfg)
             return y
         return run
-    return "softmax_fwd 512x262144", 4 * M * N, configs, make, lambda cfg: _cap(cs._fwd_plans, cfg, 6)
+    return f"softmax_fwd {M}x{N}", 4 * M * N, configs, make, lambda cfg: _cap(cs._fwd_plans, cfg, 6)
 
 
 def softmax_bwd_case():
@@ -97,7 +101,8 @@ def _cap(plans, cfg, key_index):
     return caps[0] if caps and caps[0] is not None else 0
 
 
-CASES = {"softmax_fwd": softmax_fwd_case, "softmax_bwd": softmax_bwd_case,
+CASES = {"softmax_fwd": softmax_fwd_case(262144), "softmax_fwd_65536": softmax_fwd_case(65536),
+         "softmax_bwd": softmax_bwd_case,
          "ce_131072": ce_case(8192, 131072), "ce_262144": ce_case(4096, 262144)}
 
 

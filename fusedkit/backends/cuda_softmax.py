@@ -68,11 +68,13 @@ TUNED_STAGED_FWD: dict = {(262144, 2): (8, 16, 8)}
 # 0.942 against 0.826 for the cluster kernel of the same split; (8, 16, 8) 0.926, (4, 32, 8) 0.922.
 # STAGED_BWD_CANDIDATES are the configs the compile-all check builds and the sweep times first.
 TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
-# Candidates of the staged forward at 262144 with a deeper ring (two or three rows loaded ahead: 32 KB
-# chunks, 2 x 32 KB or 3 x 32 KB of shared memory a CTA); the compile-all check builds them and the
-# sweep times them beside the shipped split.
+# Candidates of the staged forward with a deeper ring (two or three rows loaded ahead: 32 KB chunks,
+# 2 x 32 KB or 3 x 32 KB of shared memory a CTA; at 65536 also 2 x 64 KB); the compile-all check builds
+# them and tools/ab_staged_ring.py times them beside the shipped config.
 STAGED_FWD_CANDIDATES = {262144: (("staged", 8, 8, 8, 16, 2), ("staged", 8, 4, 16, 16, 2),
-                                  ("staged", 8, 4, 16, 16, 3))}
+                                  ("staged", 8, 4, 16, 16, 3)),
+                         65536: (("staged", 8, 4, 16, 4, 2), ("staged", 8, 4, 16, 4, 3),
+                                 ("staged", 8, 8, 16, 2, 2))}
 STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
 STAGED_MAX_GRID = None
 
