@@ -72,7 +72,8 @@ TUNED_STAGED_BWD: dict = {(262144, 2): (4, 16, 16)}
 # 2 x 32 KB or 3 x 32 KB of shared memory a CTA; at 65536 also 2 x 64 KB); the compile-all check builds
 # them and tools/ab_staged_ring.py times them beside the shipped config.
 STAGED_FWD_CANDIDATES = {262144: (("staged", 8, 8, 8, 16, 2), ("staged", 8, 4, 16, 16, 2),
-                                  ("staged", 8, 4, 16, 16, 3)),
+                                  ("staged", 8, 4, 16, 16, 3), ("staged", 8, 8, 16, 8, 2),
+                                  ("staged", 8, 4, 32, 8, 2)),
                          65536: (("staged", 8, 4, 16, 4, 2), ("staged", 8, 4, 16, 4, 3),
                                  ("staged", 8, 8, 16, 2, 2))}
 STAGED_BWD_CANDIDATES = {262144: (("staged", 8, 4, 32, 8), ("staged", 8, 4, 16, 16), ("staged", 8, 8, 16, 8))}
