@@ -9,9 +9,14 @@ cross-entropy), each against a copy of the same bytes timed beside it. A least-s
 multiples of G gives the time per row step (each cluster one row) and the fixed part (launch, the first
 row's fill, the last row's drain); a benchmark M that is not a multiple of G shows its tail as the
 excess over that line at ceil(M / G) steps. Writes JSON to argv[1].
+
+PROBE_FWD_CONFIGS="8,4,16,16,2;8,8,8,16,2" adds the softmax forward at 262144 with those staged configs
+(vec, items, warps, C[, ring depth]) forced, e.g. to see whether a ring's gain is in the step or in the
+fixed part.
 """
 import json
 import math
+import os
 import sys
 
 import torch
@@ -62,10 +67,13 @@ def main(out_path):
     timer = GpuTimer(torch)
     res = []
 
-    def softmax_at(N):
+    def softmax_at(N, cfg=None):
         def make(M):
             x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-            return lambda: fk.softmax(x)
+            y = torch.empty_like(x)
+            stream = torch.cuda.current_stream().cuda_stream
+            return lambda: csm.forward(x.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0, False,
+                                       csm.MASK_NONE, csm.NO_MASK, 0, stream, config=cfg)
         return make
 
     def ce_at(N):
@@ -76,6 +84,10 @@ def main(out_path):
         return make
 
     res.append(case(timer, "softmax fwd 262144", 262144, 2**27 // 262144, softmax_at(262144), csm._fwd_plans, 4))
+    for spec in filter(None, os.environ.get("PROBE_FWD_CONFIGS", "").split(";")):
+        cfg = ("staged",) + tuple(int(v) for v in spec.split(","))
+        res.append(case(timer, f"softmax fwd 262144 {cfg}", 262144, 2**27 // 262144, softmax_at(262144, cfg),
+                        csm._fwd_plans, 4))
     for N in (131072, 262144):
         res.append(case(timer, f"cross-entropy {N}", N, 2**30 // N, ce_at(N), cce._plans, 4))
     json.dump({**run_meta(torch.cuda.get_device_name()), "cases": res}, open(out_path, "w"), indent=1)
