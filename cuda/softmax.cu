@@ -559,7 +559,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   const float c = __fmul_rn(scale, kLog2e);
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
-    ch.take_row(in, true, ch.ahead(row) < M ? ch.ahead(row) : -1);
+    ch.take_row(in, true, ch.refill_row(row, M));
     softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
                                                         ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
   }
@@ -698,8 +698,9 @@ softmax_bwd_cluster(const T* __restrict__ dy, const T* __restrict__ y, T* __rest
 // backward's clusters become resident once instead of a new cluster waiting for free SMs of one GPC per
 // row: at 262144, 0.942 of copy against 0.826 (H200 sweep 2026-12-05). Needs 16-byte vectors (the host
 // checks); dynamic shared memory = STAGES x 2 x ceil(N / VEC / CLUSTER) x 16 bytes (per buffer of the
-// ring, y's chunk, then dy's). Up to 4 vectors of each a thread keeps softmax_bwd_cluster's register cap (64 at 512 threads: two CTAs
-// per SM where the shared memory allows); 8 vectors (110 registers) run one CTA per SM.
+// ring, y's chunk, then dy's). Up to 4 vectors of each a thread keeps softmax_bwd_cluster's register
+// cap (64 at 512 threads: two CTAs per SM where the shared memory allows); 8 vectors (110 registers)
+// run one CTA per SM.
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
 __global__ void __launch_bounds__(32 * WARPS, ITEMS <= 4 ? SoftmaxMinBlocks<32 * WARPS>::value : 1)
 softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, long long M, int N,
@@ -716,7 +717,7 @@ softmax_bwd_staged(const T* __restrict__ dy, const T* __restrict__ y, T* __restr
   staged_open<CLUSTER>(ch, box, row, M, [](long long) { return true; });
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[2][ITEMS];  // y's chunk, dy's
-    ch.take_row(in, true, ch.ahead(row) < M ? ch.ahead(row) : -1);
+    ch.take_row(in, true, ch.refill_row(row, M));
     softmax_bwd_finish<T, VEC, ITEMS, WARPS, LOG>(in[0], in[1], dx, row * (long long)N, true, ch.v0, ch.vend,
                                                   scale, MailboxStep<CLUSTER>{&box, step, rank});
   }

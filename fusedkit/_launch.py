@@ -192,9 +192,8 @@ def _check(rc: int, what: str) -> None:
 class ClusterLaunch:
     """One kernel's launches through cuLaunchKernelEx: a CUlaunchConfig built once with a cluster-dimension
     attribute (and, when ``policy`` is not 0, a cluster scheduling policy preference: 1 spread, 2 load
-    balancing); a launch fills in grid, block,
-    shared memory and stream. Clusters of more than 8 CTAs (non-portable) get
-    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
+    balancing); a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs
+    (non-portable) get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
 
     __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
 

@@ -537,7 +537,9 @@ def test_persistent_kernel(monkeypatch, dtype, N, cfg):
     monkeypatch.setattr(ce, "STAGED_MAX_GROUPS", 3)
     got = {}
     for kind in ("persistent", "rows"):
-        monkeypatch.setattr(ce, "fwd_config", lambda *a, k=kind, **_: (k,) + cfg[1:(None if k == "persistent" else 5)])
+        # a rows config has five fields: the persistent one's ring depth stays with it
+        forced = cfg if kind == "persistent" else ("rows",) + cfg[1:5]
+        monkeypatch.setattr(ce, "fwd_config", lambda *a, f=forced, **_: f)
         monkeypatch.setattr(ce, "_plans", {})
         got[kind] = fk.cross_entropy(X, T, return_lse=True, return_grad=True, **kw)
         assert [plan.cap is not None for plan in ce._plans.values()] == [kind == "persistent"]
@@ -585,10 +587,12 @@ def test_persistent_rule(monkeypatch):
             assert ce.persistent_chunk_bytes(cfg, N) <= 200 * 1024
             assert ce.fwd_expr(cfg, "bfloat16") in exprs
     # the ring depth: a sixth field, in the kernel's name only when it is not 1, times the shared memory
-    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 2), "bfloat16") == "fk::ce_fwd_persistent<fk::bf16, 8, 4, 16, 16, 2>"
-    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 1), "bfloat16") == "fk::ce_fwd_persistent<fk::bf16, 8, 4, 16, 16>"
+    expr = "fk::ce_fwd_persistent<fk::bf16, 8, 4, 16, 16"
+    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 2), "bfloat16") == expr + ", 2>"
+    assert ce.fwd_expr(("persistent", 8, 4, 16, 16, 1), "bfloat16") == expr + ">"
     assert ce.persistent_chunk_bytes(("persistent", 8, 4, 16, 16, 3), 262144) == 3 * 2048 * 16
-    for bad in (("persistent", 8, 4, 16, 16, 5), ("persistent", 8, 4, 16, 16, 0), ("persistent", 8, 4, 16, 16, 2, 1)):
+    for tail in ((5,), (0,), (2, 1)):
+        bad = ("persistent", 8, 4, 16, 16) + tail
         with pytest.raises(ValueError, match="ring depth of 1 to 4"):
             ce.fwd_expr(bad, "bfloat16")
 

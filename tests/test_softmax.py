@@ -516,7 +516,8 @@ def test_staged_ring_config():
     assert (cs.fwd_expr(cfg[:5], "bfloat16", "bfloat16", False, cs.MASK_NONE)
             == cs.fwd_expr(cfg[:5] + (1,), "bfloat16", "bfloat16", False, cs.MASK_NONE)
             == "fk::softmax_fwd_staged<fk::bf16, fk::bf16, 8, 4, 16, 16, false>")
-    assert cs.bwd_expr(("staged", 8, 4, 16, 16, 3), "bfloat16", True) == "fk::softmax_bwd_staged<fk::bf16, 8, 4, 16, 16, true, 3>"
+    assert (cs.bwd_expr(("staged", 8, 4, 16, 16, 3), "bfloat16", True)
+            == "fk::softmax_bwd_staged<fk::bf16, 8, 4, 16, 16, true, 3>")
     assert cs._geometry(cfg) == ((512, 1), 1, 16)
     assert cs.staged_smem(cfg, 262144) == 2 * 2048 * 16
     assert cs.staged_smem(("staged", 8, 4, 16, 16, 3), 262144, 2) == 3 * 2 * 2048 * 16
@@ -686,7 +687,8 @@ def test_staged_backward(monkeypatch, N, cfg, max_grid):
         backward = fk.log_softmax_backward if log else fk.softmax_backward
         got = {}
         for kind in ("staged", "cluster"):
-            monkeypatch.setattr(cs, "bwd_config", lambda *a, k=kind, **kw: (k,) + cfg[1:(None if k == "staged" else 5)])
+            forced = cfg if kind == "staged" else ("cluster",) + cfg[1:5]  # a cluster config has five fields
+            monkeypatch.setattr(cs, "bwd_config", lambda *a, f=forced, **kw: f)
             monkeypatch.setattr(cs, "_bwd_plans", {})
             got[kind] = backward(DY, y, scale=scale)
             assert [plan.cap is not None for plan in cs._bwd_plans.values()] == [kind == "staged"]

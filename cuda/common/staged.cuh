@@ -7,7 +7,7 @@
 //
 //   StagedChunk<T, VEC, CLUSTER, NT, ITEMS, T_ROW, STAGES> ch(inputs, smem, bars, N);  // chunk [v0, vend)
 //   staged_open<CLUSTER>(ch, box, row, M, loaded);   // loads rows row, row + G, ... (STAGES of them)
-//   per row: ch.take_row(regs, wait, ch.ahead(row) or -1); then reduce, merge (MailboxStep), write from
+//   per row: ch.take_row(regs, wait, ch.refill_row(row, M)); then reduce, merge (MailboxStep), write from
 //            registers
 //   staged_close<CLUSTER>();
 //
@@ -30,7 +30,8 @@ namespace fk {
 //   take_row(r, wait, next), every thread: the current buffer (step k: buffer k % STAGES) into
 //   registers after its copy has landed (zeros past vend, or everywhere if not `wait`: the row was not
 //   loaded), a block barrier, then thread 0 refills the buffer with row `next` (none if next < 0:
-//   ahead(row) is the row of the same buffer's next turn), and the ring moves on.
+//   refill_row(row, M) is the row of the same buffer's next turn, or -1 past M; a caller that also skips
+//   rows, as cross-entropy's ignored ones, tests ahead(row) itself), and the ring moves on.
 template <typename T, int VEC, int CLUSTER, int NT, int ITEMS, int T_ROW, int STAGES = 1>
 struct StagedChunk {
   static_assert(VEC * sizeof(T) == 16, "bulk copies of whole 16-byte vectors");
@@ -56,8 +57,11 @@ struct StagedChunk {
     v0 = part.v0;
     vend = part.vend;
   }
-  // the row that refills the current row's buffer
+  // the row of the current row's buffer's next turn; refill_row: the same, or -1 (none) past M
   __device__ __forceinline__ long long ahead(long long row) const { return row + STAGES * G; }
+  __device__ __forceinline__ long long refill_row(long long row, long long M) const {
+    return ahead(row) < M ? ahead(row) : -1;
+  }
   __device__ __forceinline__ V* buffer(int k) const { return stage + k * NT * chunk; }
   __device__ __forceinline__ void load(int k, long long row) const {
     const unsigned bytes = (unsigned)(vend - v0) * 16u;

@@ -175,7 +175,8 @@ def bwd_expr(cfg, dt, log) -> str:
         return f"fk::softmax_bwd_cluster<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}>"
     if cfg[0] == "staged":
         vec, items, warps, c = cfg[1:5]
-        return f"fk::softmax_bwd_staged<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}{stages_arg(ring_stages(cfg))}>"
+        return (f"fk::softmax_bwd_staged<{T}, {vec}, {items}, {warps}, {c}, {_b(log)}"
+                f"{stages_arg(ring_stages(cfg))}>")
     return f"fk::softmax_bwd_looped<{T}, {cfg[1]}, {_b(log)}>"
 
 
@@ -311,8 +312,7 @@ STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES
 
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
     """The LaunchPlan of ``cfg``; its grid cap (resident clusters) only for the persistent staged kernels,
-    else None. A config that cannot
-    be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
+    else None. A config that cannot be resident here (16 CTAs need the non-portable cluster size; a partitioned GPU may hold fewer; the
     staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
     (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
     ``staged_tensors``: the staged kernel's parameter codes and staged inputs (forward: x; backward: y, dy)."""
