@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The next device call, kept current by each session: what is waiting for a GPU, in priority order, in
+# one command (docs/perf_notes.rst, the latest session's section, says why each part is there). Part 1
+# runs on any card (GPU tests and sanitizer of kernels changed since their last GPU run, then probes
+# whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
+# and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
+#   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
+#   carry [".snap"]; about 100 s on an H100, 480 s on an H200)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?the device tool sets OUT}
+export PYTHONPATH=.
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$G"
+
+# 1. Any card. Cross-entropy: the mean's count read once per CTA (ce_grad_scale, 2026-12-07), not yet on a GPU.
+OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS=tests/test_cross_entropy.py SANITIZE=cross_entropy BUDGET=100 \
+  PYTEST_K="against_torch or many_tokens or all_targets_ignored or int32 or zero_tokens or autograd or persistent or staged_kernel or looped or backward_from_lse or inplace" \
+  bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
+tail -4 "$OUT/tests.log"
+timeout 40 python3 tools/probe_ce_call.py "$OUT/probe_ce_call.json"
+case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
+
+# 2. H200 only. The staged kernels' ring depths and the cross-entropy call beside its kernel; the
+# cross-entropy benchmark; Nsight Compute of RMSNorm 16384 x 8192 against torch.compile; the FP8 norms'
+# grid sweep (LayerNorm -> FP8 at 8192: the H100 and the H200 disagree).
+mkdir -p "$OUT/ab"
+AB_CASES=softmax_fwd,softmax_bwd,ce_131072,ce_262144 AB_ROUNDS=2 timeout 150 \
+  python3 tools/ab_staged_ring.py "$OUT/ab/ab_staged_ring.json" > "$OUT/ab/ab_staged_ring.log" 2>&1
+grep rounds "$OUT/ab/ab_staged_ring.log"
+OUT=$OUT/bench STAGES=bench,profile BENCH_ARGS="--only cross_entropy --rounds 3" PROFILE_CASES=rms8192 \
+  NCU_KERNELS="norm_fwd|triton" NCU_COUNT=4 BUDGET=200 bash tools/gpu_check.sh > "$OUT/bench.log" 2>&1
+tail -12 "$OUT/bench/bench.log"
+grep -E "Context|DRAM Through|Duration|L1/TEX Hit|L2 Hit|Achieved Occ" "$OUT/bench/ncu.txt" | head -24
+OUT=$OUT/fp8 STAGES=fp8sweep BUDGET=120 bash tools/gpu_check.sh > "$OUT/fp8.log" 2>&1
+tail -12 "$OUT/fp8/sweep_fp8_grid.log"
