@@ -1,13 +1,17 @@
 """Where the time of fk.cross_entropy(x, t, return_grad=True) goes beyond its fused kernel, bf16, 8192 x
 131072 (or PROBE_CE_SHAPE=M,N): the count kernel (ce_reduce over the targets), the final reduction, the
 fused kernel without and with the count pointer (the mean's 1 / count), the three queued as the call
-queues them, and the call itself. Each line is the median of 40 calls, L2 flushed before each (as the
-benchmark) and not. Writes JSON to argv[1] when given.
+queues them, and the call itself. L2 flushed before each call (as the benchmark). PROBE_ROUNDS (3)
+rounds, the cases in a rotated order each round (the first form of this probe ran them in one fixed
+order and read times that rose case after case, 1520 -> 1538 -> 1541 -> 1549 us on an H100, in both of
+its passes: drift, not cost, for all it could tell); each line the median of 40 calls. Writes JSON to
+argv[1] when given.
 
     PYTHONPATH=. python3 tools/probe_ce_call.py [out.json]
 """
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -15,6 +19,24 @@ import torch
 import fusedkit as fk
 from fusedkit.backends import cuda_cross_entropy as ce
 from fusedkit.bench import run_meta
+
+ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
+
+
+def median_us(fn, flush, calls=40):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    evs = []
+    for _ in range(calls):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        evs.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) * 1e3 for a, b in evs)
 
 
 def main():
@@ -41,25 +63,15 @@ def main():
     cases = {"count": count, "reduce": reduce, "fused": lambda: fused(0), "fused_count": lambda: fused(cnt.data_ptr()),
              "count+fused_count+reduce": lambda: (count(), fused(cnt.data_ptr()), reduce()),
              "api": lambda: fk.cross_entropy(x, t, return_grad=True)}
+    names = list(cases)
     rows = []
-    for flushed in (True, False):
-        for name, fn in cases.items():
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            evs = []
-            for _ in range(40):
-                if flushed:
-                    flush.zero_()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                evs.append((a, b))
-            torch.cuda.synchronize()
-            us = sorted(a.elapsed_time(b) * 1e3 for a, b in evs)
-            rows.append({"case": name, "flushed": flushed, "median_us": us[len(us) // 2], "min_us": us[0]})
-            print(f"{M}x{N} flush={flushed!s:5s} {name:26s} median {us[len(us) // 2]:8.1f} us  min {us[0]:8.1f}")
+    for r in range(ROUNDS):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            rows.append({"round": r, "case": name, "median_us": median_us(cases[name], flush)})
+    for name in names:
+        us = [row["median_us"] for row in rows if row["case"] == name]
+        print(f"{M}x{N} {name:26s} " + " / ".join(f"{u:8.1f}" for u in us) + " us")
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump({**run_meta(torch.cuda.get_device_name()), "shape": [M, N], "rows": rows}, f, indent=1)
