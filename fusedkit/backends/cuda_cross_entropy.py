@@ -12,8 +12,8 @@ that, ``("looped", vec)`` (two passes over global memory). ``("persistent", vec,
 bulk-copy their chunk of the next row while they finish the current one (TUNED_PERSISTENT names
 the shapes; ``config=`` and tools/sweep_cross_entropy.py reach the others); an optional sixth field,
 the ring depth (1 to 4 buffers, rows loaded ahead; default 1). Sequence of a call (all on the caller's
-stream): ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then the
-fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
+stream): ``mean`` with a gradient first counts the non-ignored targets (ce_reduce without losses), then
+the fused kernel writes per-token losses (and lse, and the gradient), then ce_reduce sums them in a fixed
 order (65536 tokens per block; ce_reduce_final over the block partials when there are several).
 """
 from __future__ import annotations
