@@ -395,7 +395,7 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
 #if FK_CE_TARGET_AHEAD
     int after_t32 = 0;
     long long after_t64 = 0;
-    read_target(ch.ahead(next), after_t32, after_t64);
+    read_target(ch.ahead(row + ch.G), after_t32, after_t64);  // the next step's refill
     const long long refill_target = t32 ? (long long)refill_t32 : refill_t64;
     ch.take_row(in, r.valid, threadIdx.x == 0 && next < M && refill_target != ignore_index ? next : -1);
     refill_t32 = after_t32;
