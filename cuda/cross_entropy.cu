@@ -69,7 +69,9 @@
 // the staged kernel persistent and double-buffered (BUFFERS = 2: slower, fewer CTAs fit); 32 KB chunks
 // over twice the cluster CTAs (slower: a cluster costs more than the smaller chunk buys); keeping
 // exp(x - m) in fp32 registers between the passes (doubles the register footprint); a column test per
-// vector for the target (now the writer of the target's vector rewrites that one element).
+// vector for the target (now the writer of the target's vector rewrites that one element); in the
+// persistent kernel, thread 0 reading each refill's target one step early (H100: equal at 131072, 0.6
+// points slower for the 262144 persistent candidate, 2026-12-07).
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/online_softmax.cuh"
@@ -331,11 +333,6 @@ ce_fwd_cluster(FK_CE_FWD_PARAMS) {
 // FK_CE_PERSISTENT_MINB: blocks per SM asked of ptxas for ce_fwd_persistent (default: 1024 threads per
 // SM, i.e. <= 64 registers: 8 vectors of 16-bit logits a thread fit without spills, and two 512-thread
 // CTAs per SM double the staged bytes in flight; -DFK_CE_PERSISTENT_MINB=1 gives ~96 registers, one CTA).
-// FK_CE_TARGET_AHEAD: ce_fwd_persistent's thread 0 reads the target of each row it loads one step early
-// (1, the default) or just before the bulk copy that needs it (0: the form before 2026-12-07).
-#ifndef FK_CE_TARGET_AHEAD
-#define FK_CE_TARGET_AHEAD 1
-#endif
 #ifndef FK_CE_PERSISTENT_MINB
 #define FK_CE_PERSISTENT_MINB (32 * WARPS >= 1024 ? 1 : 1024 / (32 * WARPS))
 #endif
@@ -369,22 +366,6 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
   auto read = [&](long long row) { return ce_row(target, t32, row, true, N, ignore_index, g_row); };
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   staged_open<CLUSTER>(ch, box, row, M, [&](long long r) { return read(r).valid; });
-#if FK_CE_TARGET_AHEAD
-  // thread 0: the target of the row its next refill loads, read one step before the refill needs it
-  // (after a flush a DRAM miss, otherwise on the path from the block barrier to the bulk copy). Kept
-  // as stored (int32 or int64): a conversion right after the load would wait for it there.
-  int refill_t32 = 0;
-  long long refill_t64 = 0;
-  auto read_target = [&](long long r, int& v32, long long& v64) {
-    if (threadIdx.x != 0 || r >= M) return;
-    if (t32) {
-      v32 = static_cast<const int*>(target)[r];
-    } else {
-      v64 = static_cast<const long long*>(target)[r];
-    }
-  };
-  read_target(ch.ahead(row), refill_t32, refill_t64);
-#endif
   for (int step = 0; row < M; row += ch.G, ++step) {
     const long long base = row * (long long)N;
     const CeRow r = read(row);
@@ -392,17 +373,7 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
     // the row of this buffer's next turn is loaded only if it is read (thread 0 decides; ignored rows
     // are skipped)
     const long long next = ch.ahead(row);
-#if FK_CE_TARGET_AHEAD
-    int after_t32 = 0;
-    long long after_t64 = 0;
-    read_target(ch.ahead(row + ch.G), after_t32, after_t64);  // the next step's refill
-    const long long refill_target = t32 ? (long long)refill_t32 : refill_t64;
-    ch.take_row(in, r.valid, threadIdx.x == 0 && next < M && refill_target != ignore_index ? next : -1);
-    refill_t32 = after_t32;
-    refill_t64 = after_t64;
-#else
     ch.take_row(in, r.valid, threadIdx.x == 0 && next < M && read(next).valid ? next : -1);
-#endif
     auto& raw = in[0];
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;

@@ -13,18 +13,12 @@ export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
-# 1. Any card. Cross-entropy: the mean's count read once per CTA (ce_grad_scale, 2026-12-07) and the
-# persistent kernel's target read ahead (FK_CE_TARGET_AHEAD), neither yet on a GPU.
+# 1. Any card. Cross-entropy as shipped (ce_grad_scale; the target read ahead was reverted after the
+# 08:03Z H100 run, which tested it: the same SASS as its -DFK_CE_TARGET_AHEAD=0 variant, whose bytes equalled).
 OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS=tests/test_cross_entropy.py SANITIZE=cross_entropy BUDGET=100 \
   PYTEST_K="against_torch or many_tokens or all_targets_ignored or int32 or zero_tokens or autograd or persistent or staged_kernel or looped or backward_from_lse or inplace" \
   bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
 tail -4 "$OUT/tests.log"
-timeout 40 python3 tools/probe_ce_call.py "$OUT/probe_ce_call.json"
-# Cross-entropy persistent kernel: thread 0 reads each refill's target one step early (FK_CE_TARGET_AHEAD=1,
-# 2026-12-07 07:30Z, the shipped default since) against the form before; 16384 x 32768 (staged) is a control.
-AB_OPTIONS="-DFK_CE_TARGET_AHEAD=0" AB_OPS=long_cross_entropy AB_ROUNDS=3 timeout 150 \
-  python3 tools/ab_nvrtc_options.py "$OUT/ab_ce_target_ahead.json" > "$OUT/ab_ce_target_ahead.log" 2>&1
-tail -8 "$OUT/ab_ce_target_ahead.log"
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 
 # 2. H200 only. The staged kernels' ring depths and the cross-entropy call beside its kernel; the
