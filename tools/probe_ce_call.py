@@ -1,42 +1,26 @@
 """Where the time of fk.cross_entropy(x, t, return_grad=True) goes beyond its fused kernel, bf16, 8192 x
 131072 (or PROBE_CE_SHAPE=M,N): the count kernel (ce_reduce over the targets), the final reduction, the
 fused kernel without and with the count pointer (the mean's 1 / count), the three queued as the call
-queues them, and the call itself. L2 flushed before each call (as the benchmark). PROBE_ROUNDS (3)
-rounds, the cases in a rotated order each round (the first form of this probe ran them in one fixed
-order and read times that rose case after case, 1520 -> 1538 -> 1541 -> 1549 us on an H100, in both of
-its passes: drift, not cost, for all it could tell); each line the median of 40 calls. Writes JSON to
-argv[1] when given.
+queues them, and the call itself, each timed by the benchmark's GpuTimer (L2 flushed before each call).
+PROBE_ROUNDS (3) rounds, the cases in a rotated order each round (the first form of this probe ran them
+in one fixed order and read times that rose case after case, 1520 -> 1538 -> 1541 -> 1549 us on an H100,
+in both of its passes: drift, not cost, for all it could tell). Until 2026-12-07 09:00Z the probe had a
+timer of its own (the median of 40 queued calls; probe_ce_call_H100_2026-12-07T0803Z.json). Writes JSON
+to argv[1] when given.
 
     PYTHONPATH=. python3 tools/probe_ce_call.py [out.json]
 """
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 import fusedkit as fk
 from fusedkit.backends import cuda_cross_entropy as ce
-from fusedkit.bench import run_meta
+from fusedkit.bench import GpuTimer, run_meta
 
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
-
-
-def median_us(fn, flush, calls=40):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    evs = []
-    for _ in range(calls):
-        flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        evs.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) * 1e3 for a, b in evs)
 
 
 def main():
@@ -48,7 +32,7 @@ def main():
     loss, out = torch.empty(M, device="cuda"), torch.empty(1, device="cuda")
     cnt = torch.zeros(1, dtype=torch.int32, device="cuda")
     grad = torch.empty_like(x)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    timer = GpuTimer(torch)
 
     def count():
         ce.reduce(0, t.data_ptr(), False, M, -100, 0, cnt.data_ptr(), False, 0, s, None)
@@ -57,10 +41,11 @@ def main():
         ce.reduce(loss.data_ptr(), t.data_ptr(), False, M, -100, out.data_ptr(), 0, True, 0, s, None)
 
     def fused(cp):
-        ce.forward(x.data_ptr(), t.data_ptr(), False, grad.data_ptr(), loss.data_ptr(), 0, cp, M, N, "bfloat16",
-                   -100, 0.0, 0.0, 1.0, 0, s)
+        ce.forward(x.data_ptr(), t.data_ptr(), False, grad.data_ptr(), loss.data_ptr(), 0, cp, M, N,
+                   "bfloat16", -100, 0.0, 0.0, 1.0, 0, s)
 
-    cases = {"count": count, "reduce": reduce, "fused": lambda: fused(0), "fused_count": lambda: fused(cnt.data_ptr()),
+    cases = {"count": count, "reduce": reduce, "fused": lambda: fused(0),
+             "fused_count": lambda: fused(cnt.data_ptr()),
              "count+fused_count+reduce": lambda: (count(), fused(cnt.data_ptr()), reduce()),
              "api": lambda: fk.cross_entropy(x, t, return_grad=True)}
     names = list(cases)
@@ -68,7 +53,7 @@ def main():
     for r in range(ROUNDS):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            rows.append({"round": r, "case": name, "median_us": median_us(cases[name], flush)})
+            rows.append({"round": r, "case": name, "median_us": timer.ms(cases[name]) * 1e3})
     for name in names:
         us = [row["median_us"] for row in rows if row["case"] == name]
         print(f"{M}x{N} {name:26s} " + " / ".join(f"{u:8.1f}" for u in us) + " us")

@@ -313,9 +313,10 @@ STAGED_CODES = "ppqif"  # x, y, M, N, scale (the staged backward takes BWD_CODES
 def _launch_plan(op, cfg, expr_of, codes, device, rule, N, staged_codes=STAGED_CODES, staged_tensors=1):
     """The LaunchPlan of ``cfg``; its grid cap (resident clusters) only for the persistent staged kernels,
     else None. A config that cannot be resident here (16 CTAs need the non-portable cluster size; a
-    partitioned GPU may hold fewer; the staged chunk needs its shared memory) gives way to the untuned rule's config with portable clusters
-    (``rule(CLUSTERS)``), then to the one without clusters (``rule(())``). ``staged_codes`` /
-    ``staged_tensors``: the staged kernel's parameter codes and staged inputs (forward: x; backward: y, dy)."""
+    partitioned GPU may hold fewer; the staged chunk needs its shared memory) gives way to the untuned
+    rule's config with portable clusters (``rule(CLUSTERS)``), then to the one without clusters
+    (``rule(())``). ``staged_codes`` / ``staged_tensors``: the staged kernel's parameter codes and staged
+    inputs (forward: x; backward: y, dy)."""
     check_covers(op, cfg, N)
     for c in (cfg, rule(CLUSTERS), rule(())):
         block, rpb, per_row = _geometry(c)
