@@ -54,8 +54,11 @@
 // Backward from a saved lse (ce_bwd): read logits, write the gradient (4MN); a 2-D block walks rows.
 // Reductions (ce_reduce, ce_reduce_final): the count of non-ignored tokens (needed by "mean" before any
 // gradient is scaled: a tiny pre-kernel over the T targets) and the sum (or mean) of the per-token
-// losses, in a fixed order (fixed 65536-token chunks per block, fixed trees; no float atomics), so
-// results are bit-for-bit reproducible run to run and across GPUs.
+// losses. The kernel after each of them on the stream is launched as its programmatic dependent
+// (common/griddep.cuh): the fused kernel starts while the count runs and waits for it only before its
+// first gradient (ce_grad_scale), the final sum starts as the fused kernel's last CTAs do. Sums in a
+// fixed order (fixed 65536-token chunks per block, fixed trees; no float atomics), so results are
+// bit-for-bit reproducible run to run and across GPUs.
 //
 // Numerics: fp32 math on keyed sums (common/online_softmax.cuh): s = sum 2^(fma(x, log2 e, -K)), K =
 // fl(m log2 e) the key of the max, one FFMA per exponential (the product is exact inside it, so logits
@@ -78,6 +81,7 @@
 #include "common/cluster.cuh"
 #include "common/bulk.cuh"
 #include "common/staged.cuh"
+#include "common/griddep.cuh"
 
 namespace fk {
 
@@ -106,31 +110,33 @@ __device__ __forceinline__ long long ce_target(const void* target, int t32, long
   return t32 ? (long long)static_cast<const int*>(target)[i] : static_cast<const long long*>(target)[i];
 }
 
-// What a row needs before its logits: target, whether its logits are read, its gradient scale.
+// What a row needs before its logits: target, and whether its logits are read.
 struct CeRow {
   long long t;
   bool valid;     // row exists and is not ignored: logits are read, loss and lse are written
-  bool in_range;  // valid and 0 <= t < N
-  float g;        // gradient scale of the row (0 without a gradient)
+  bool in_range;  // valid and 0 <= t < N (a row out of range gets a NaN loss and a zero gradient)
 };
 
-// The gradient scale of every in-range row: grad_scale, divided by the count of non-ignored tokens for
-// "mean" (count > 0 whenever a row is valid). The kernels read it once per CTA, before their first row:
-// computed in ce_row, the count's load and the division stayed at the top of the persistent and staged
-// kernels' row loops (ptxas did not hoist them), where each warp waited for the load every row.
-__device__ __forceinline__ float ce_grad_scale(const int* count, float grad_scale) {
-  return count != nullptr ? grad_scale / (float)(*count) : grad_scale;
-}
-
-// g: ce_grad_scale's value
 __device__ __forceinline__ CeRow ce_row(const void* target, int t32, long long row, bool row_ok, int N,
-                                        long long ignore_index, float g) {
+                                        long long ignore_index) {
   CeRow r;
   r.t = row_ok ? ce_target(target, t32, row) : ignore_index;
   r.valid = row_ok && r.t != ignore_index;
   r.in_range = r.valid && r.t >= 0 && r.t < (long long)N;
-  r.g = r.in_range ? g : 0.f;
   return r;
+}
+
+// The gradient scale of every in-range row: grad_scale, divided by the count of non-ignored tokens for
+// "mean" (count > 0 whenever a row is valid). The count is written by the kernel launched just before
+// (ce_reduce), and the fused kernels are launched as its programmatic dependents (common/griddep.cuh):
+// they start while it runs, so each thread waits for it here, as late as it can: after its first row's
+// loads and statistics (register kernels), after its first bulk copies (persistent, staged). The kernels
+// that walk rows read it once per CTA, before their first row's gradient (read in every row, the load and
+// the division stayed inside the persistent and staged loops: ptxas did not hoist them past the barriers).
+__device__ __forceinline__ float ce_grad_scale(const int* count, float grad_scale) {
+  if (count == nullptr) return grad_scale;
+  griddep_wait();
+  return grad_scale / (float)__ldcg(count);
 }
 
 // Per-token loss and lse from the merged statistics (lse of an ignored token: 0).
@@ -164,11 +170,13 @@ struct CeGrad {
   float key, cs, cbase, tgt;
 };
 
-__device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, const LseStats& st, int N, float smoothing,
-                                                 float z_loss) {
+// g: ce_grad_scale's value (the row's scale if its target is in range, else 0: a zero gradient row).
+__device__ __forceinline__ CeGrad ce_grad_params(const CeRow& r, float g, const LseStats& st, int N,
+                                                 float smoothing, float z_loss) {
+  const float gr = r.in_range ? g : 0.f;
   const float lse = st.m + kLn2 * log2_sum_at(st.s, st.m);
-  const float coef = r.g * (1.f + 2.f * z_loss * lse);
-  return {lse_key(st.m), coef / st.s, r.g * smoothing / (float)N, r.g * (1.f - smoothing)};
+  const float coef = gr * (1.f + 2.f * z_loss * lse);
+  return {lse_key(st.m), coef / st.s, gr * smoothing / (float)N, gr * (1.f - smoothing)};
 }
 
 // The gradient of one vector, stored at p: a 16-byte vector as whole words (store_floats).
@@ -233,7 +241,8 @@ template <typename T, int VEC, int ITEMS, int WARPS, typename MERGE>
 __device__ __forceinline__ void ce_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], const CeRow& r, float x0, float xt,
                                               T* grad, float* __restrict__ loss, float* __restrict__ lse_out,
                                               long long row, bool row_ok, bool leader, int N, int v0, int vend,
-                                              float smoothing, float z_loss, const MERGE& merge) {
+                                              float smoothing, float z_loss, const int* count, float grad_scale,
+                                              const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
   const bool smooth = smoothing != 0.f;
@@ -261,7 +270,7 @@ __device__ __forceinline__ void ce_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], c
   if (!row_ok) return;
   if (leader) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
-  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
+  const CeGrad gp = ce_grad_params(r, ce_grad_scale(count, grad_scale), st, N, smoothing, z_loss);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + (int)threadIdx.x + i * T_ROW;
@@ -284,7 +293,7 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
                                            bool leader, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
   const long long base = row * (long long)N;
-  const CeRow r = ce_row(target, t32, row, row_ok, N, ignore_index, ce_grad_scale(count, grad_scale));
+  const CeRow r = ce_row(target, t32, row, row_ok, N, ignore_index);
   const bool smooth = smoothing != 0.f;
 
   Vec<T, VEC> raw[ITEMS];
@@ -301,13 +310,14 @@ __device__ __forceinline__ void ce_fwd_row(FK_CE_FWD_PARAMS, long long row, bool
   const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
   const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
   ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, row_ok, leader, N, v0, vend,
-                                      smoothing, z_loss, OneShotMerge<CLUSTER>{box});
+                                      smoothing, z_loss, count, grad_scale, OneShotMerge<CLUSTER>{box});
 }
 
 template <typename T, int VEC, int ITEMS, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS * CeRowsPerBlock<WARPS>::value,
                                   CeMinBlocks<T, VEC, ITEMS, 32 * WARPS * CeRowsPerBlock<WARPS>::value>::value)
 ce_fwd(FK_CE_FWD_PARAMS) {
+  griddep_launch_dependents();
   const long long row = (long long)blockIdx.x * CeRowsPerBlock<WARPS>::value + threadIdx.y;
   ce_fwd_row<T, VEC, ITEMS, WARPS, 1>(logits, target, grad, loss, lse_out, count, M, N, t32, ignore_index,
                                       smoothing, z_loss, grad_scale, row, row < M, 0, N / VEC,
@@ -319,6 +329,7 @@ ce_fwd(FK_CE_FWD_PARAMS) {
 template <typename T, int VEC, int ITEMS, int WARPS, int CLUSTER>
 __global__ void __launch_bounds__(32 * WARPS, CeMinBlocks<T, VEC, ITEMS, 32 * WARPS>::value)
 ce_fwd_cluster(FK_CE_FWD_PARAMS) {
+  griddep_launch_dependents();
   __shared__ StatsBox<CLUSTER> box;
   cluster_merge_open(&box);
   const long long row = blockIdx.x / CLUSTER;
@@ -362,10 +373,11 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   const bool leader = rank == 0 && threadIdx.x == 0;
   const bool smooth = smoothing != 0.f;
-  const float g_row = ce_grad_scale(count, grad_scale);
-  auto read = [&](long long row) { return ce_row(target, t32, row, true, N, ignore_index, g_row); };
+  griddep_launch_dependents();
+  auto read = [&](long long row) { return ce_row(target, t32, row, true, N, ignore_index); };
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   staged_open<CLUSTER>(ch, box, row, M, [&](long long r) { return read(r).valid; });
+  const float g_row = ce_grad_scale(count, grad_scale);  // the first rows' copies are in flight
   for (int step = 0; row < M; row += ch.G, ++step) {
     const long long base = row * (long long)N;
     const CeRow r = read(row);
@@ -378,7 +390,7 @@ ce_fwd_persistent(FK_CE_FWD_PARAMS) {
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     const float xt = (leader && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
     ce_fwd_finish<T, VEC, ITEMS, WARPS>(raw, r, x0, xt, grad, loss, lse_out, row, true, leader, N, ch.v0, ch.vend,
-                                        smoothing, z_loss, MailboxStep<CLUSTER>{&box, step, rank});
+                                        smoothing, z_loss, nullptr, g_row, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }
@@ -420,11 +432,11 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
   const int chunk = part.chunk, v0 = part.v0, nloc = part.vend - part.v0;
   const unsigned bytes = (unsigned)nloc * 16u;
   const bool smooth = smoothing != 0.f;
-  const float g_row = ce_grad_scale(count, grad_scale);
+  griddep_launch_dependents();
   const StageRing ring(bars, BUFFERS);
   // the copy of row `row` into buffer b, if the row is read at all (thread 0)
   auto fill = [&](long long row, int b) {
-    if (nloc > 0 && ce_row(target, t32, row, true, N, ignore_index, g_row).valid) {
+    if (nloc > 0 && ce_row(target, t32, row, true, N, ignore_index).valid) {
       ring.expect(b, bytes);
       bulk_load(ce_stage + (size_t)b * chunk * 16, logits + row * (long long)N + (long long)v0 * VEC, bytes,
                 ring.bar(b));
@@ -440,6 +452,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     cluster_arrive();
     cluster_wait();
   }
+  const float g_row = ce_grad_scale(count, grad_scale);  // the first row's copy is in flight
   unsigned phases = 0;  // bit b: parity of buffer b's next fill
   int merge_parity = 0;  // row_merge's shared buffer, alternating by row
   int b = 0, step = 0;
@@ -448,7 +461,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     if (BUFFERS == 2 && threadIdx.x == 0 && row + G < M) fill(row + G, b ^ 1);
     const V* stage = reinterpret_cast<const V*>(ce_stage + (size_t)b * chunk * 16);
     const long long base = row * (long long)N;
-    const CeRow r = ce_row(target, t32, row, true, N, ignore_index, g_row);
+    const CeRow r = ce_row(target, t32, row, true, N, ignore_index);
     const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
     if (r.valid && nloc > 0) {
       ring.wait(b, (phases >> b) & 1u);
@@ -498,7 +511,7 @@ __global__ void __launch_bounds__(THREADS) ce_fwd_staged(FK_CE_FWD_PARAMS) {
     if (grad != nullptr) {
       T* g = grad + base + (long long)v0 * VEC;
       if (r.valid) {
-        const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
+        const CeGrad gp = ce_grad_params(r, g_row, st, N, smoothing, z_loss);
 #pragma unroll 4
         for (int v = threadIdx.x; v < nloc; v += THREADS) ce_store_grad<T, VEC>(g + (long long)v * VEC, stage[v], gp);
         if (owner && (int)(tl / VEC) % THREADS == (int)threadIdx.x) ce_fix_target(g + tl, xt, gp);
@@ -525,7 +538,8 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
   const long long row = blockIdx.x;
   const long long base = row * (long long)N;
   const int nvec = N / VEC;
-  const CeRow r = ce_row(target, t32, row, true, N, ignore_index, ce_grad_scale(count, grad_scale));
+  griddep_launch_dependents();
+  const CeRow r = ce_row(target, t32, row, true, N, ignore_index);
   const bool smooth = smoothing != 0.f;
   const float x0 = (r.valid && smooth) ? to_float(logits[base]) : 0.f;
   const float xt = (threadIdx.x == 0 && r.in_range) ? to_float(logits[base + r.t]) : 0.f;
@@ -551,7 +565,7 @@ ce_fwd_looped(FK_CE_FWD_PARAMS) {
   const LseStats st = row_merge<WARPS>(LseStats{m, s, a, xt}, parity);
   if (threadIdx.x == 0) ce_write_loss(loss, lse_out, row, r, st, x0, N, smoothing, z_loss);
   if (grad == nullptr) return;
-  const CeGrad gp = ce_grad_params(r, st, N, smoothing, z_loss);
+  const CeGrad gp = ce_grad_params(r, ce_grad_scale(count, grad_scale), st, N, smoothing, z_loss);
   for (int v = threadIdx.x; v < nvec; v += kCeLoopedThreads) {
     if (r.valid) {
       ce_store_grad<T, VEC>(grad + base + (long long)v * VEC, load_vec<T, VEC>(logits + base + (long long)v * VEC), gp);
@@ -578,11 +592,12 @@ ce_bwd(const float* __restrict__ grad_loss, const T* logits, const void* __restr
   for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < M;
        row += (long long)gridDim.x * blockDim.y) {
     const long long base = row * (long long)N;
-    CeRow r = ce_row(target, t32, row, true, N, ignore_index, g_row);
-    if (grad_loss != nullptr) r.g *= grad_loss[per_token ? row : 0];
+    const CeRow r = ce_row(target, t32, row, true, N, ignore_index);
+    float g = r.in_range ? g_row : 0.f;
+    if (grad_loss != nullptr) g *= grad_loss[per_token ? row : 0];
     const float lse = r.valid ? lse_in[row] : 0.f;
-    const float coef = r.g * (1.f + 2.f * z_loss * lse);
-    const float cbase = r.g * smoothing / (float)N, tgt = r.g * (1.f - smoothing);
+    const float coef = g * (1.f + 2.f * z_loss * lse);
+    const float cbase = g * smoothing / (float)N, tgt = g * (1.f - smoothing);
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
       Vec<T, VEC> o;
       if (r.valid) {
@@ -635,12 +650,14 @@ __global__ void __launch_bounds__(kCeReduceThreads)
 ce_reduce(const float* __restrict__ loss, const void* __restrict__ target, int t32, long long T,
           long long ignore_index, float* __restrict__ psum, int* __restrict__ pcount, float* __restrict__ out,
           int* __restrict__ out_count, int mean) {
+  griddep_launch_dependents();  // the fused kernel after a count starts at once (it waits for the count)
+  if (loss != nullptr) griddep_wait();  // the losses come from the fused kernel just before
   const long long start = (long long)blockIdx.x * kCeReduceChunk;
   const long long end = min(T, start + kCeReduceChunk);
   float s = 0.f;
   int n = 0;
   for (long long i = start + threadIdx.x; i < end; i += kCeReduceThreads) {
-    if (loss != nullptr) s += loss[i];
+    if (loss != nullptr) s += __ldcg(loss + i);
     n += ce_target(target, t32, i) != ignore_index ? 1 : 0;
   }
   ce_block_sum(s, n);
@@ -656,6 +673,7 @@ ce_reduce(const float* __restrict__ loss, const void* __restrict__ target, int t
 __global__ void __launch_bounds__(kCeReduceThreads)
 ce_reduce_final(const float* __restrict__ psum, const int* __restrict__ pcount, int P, float* __restrict__ out,
                 int* __restrict__ out_count, int mean) {
+  griddep_launch_dependents();
   float s = 0.f;
   int n = 0;
   for (int i = threadIdx.x; i < P; i += kCeReduceThreads) {

@@ -13,20 +13,29 @@ Thread-block clusters (sm_90+): ``Launcher(..., cluster=C)`` (or ``(cx, cy, cz)`
 ``cuLaunchKernelEx`` with a cluster-dimension launch attribute instead (one pre-built ``CUlaunchConfig``;
 the grid must be a multiple of the cluster shape). Kernels compiled with ``__cluster_dims__`` need no
 attribute and use the plain path.
+
+Programmatic dependent launch (sm_90+): a call with ``dependent=True`` adds the programmatic-stream-
+serialization attribute, so the kernel may start while the kernel before it on the stream runs (once
+that one's CTAs called ``griddepcontrol.launch_dependents``). Only for kernels written for it
+(cuda/common/griddep.cuh: ``griddep_wait()`` before reading what the kernel before wrote), and only
+right after a fusedkit launch of a kernel that triggers; elsewhere, and before compute capability 9.0,
+it is a plain launch. ``FUSEDKIT_PDL=0`` (or ``PDL = False`` here) turns it off, for A/B runs.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 
 _FMT = {"p": "Q", "q": "q", "i": "i", "f": "f"}
+PDL = os.environ.get("FUSEDKIT_PDL", "1") != "0"
 _bound = threading.local()  # devices whose primary context this thread has made current
 
 
 class Launcher:
     __slots__ = ("_func", "_fmt", "_buf", "_params", "_params_addr", "_lock", "_launch", "_rt", "device",
-                 "cluster")
+                 "cluster", "_dims", "_policy", "_dependent")
 
     def __init__(self, function, codes: str, device: int, cluster=None, cluster_policy: int = 0):
         """``function``: a loaded ``cupy.cuda.function.Function`` (``RawKernel.kernel``); ``cluster``: None,
@@ -50,11 +59,14 @@ class Launcher:
         self._launch = driver.launchKernel
         self._rt = runtime
         self.device = device
-        dims = _cluster_dims(cluster)
-        self.cluster = None if dims == (1, 1, 1) else ClusterLaunch(self._func, dims, cluster_policy)
+        dims = self._dims = _cluster_dims(cluster)
+        self._policy = cluster_policy
+        self.cluster = None if dims == (1, 1, 1) else ExLaunch(self._func, dims, cluster_policy)
+        self._dependent = None  # the ExLaunch of dependent=True calls, built on the first (False: cc < 9.0)
 
-    def __call__(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
-        """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer.
+    def __call__(self, grid, block: tuple, smem: int, stream: int, *values, dependent: bool = False) -> None:
+        """One launch: ``grid`` = blocks (int) or (x, y); ``block`` = (x, y); ``stream`` a raw pointer;
+        ``dependent``: a programmatic dependent launch (module docstring).
 
         The driver launches in the thread's current context, so the kernel's device must be current
         with its primary context bound: a thread that has not touched CUDA yet (torch's autograd
@@ -65,7 +77,7 @@ class Launcher:
         if cur != self.device:
             rt.setDevice(self.device)
             try:
-                self._launch_now(grid, block, smem, stream, values)
+                self._launch_now(grid, block, smem, stream, values, dependent)
             finally:
                 rt.setDevice(cur)
             return
@@ -75,7 +87,7 @@ class Launcher:
         if cur not in bound:
             rt.setDevice(cur)  # binds the primary context of the current device to this thread
             bound.add(cur)
-        self._launch_now(grid, block, smem, stream, values)
+        self._launch_now(grid, block, smem, stream, values, dependent)
 
     def launch_current(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
         """A launch for callers that know the kernel's device is current (fusedkit/_callcache.py):
@@ -86,14 +98,22 @@ class Launcher:
             return
         self._launch_now(grid, block, smem, stream, values)
 
-    def _launch_now(self, grid, block, smem, stream, values) -> None:
+    def _launch_now(self, grid, block, smem, stream, values, dependent=False) -> None:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         with self._lock:
             self._fmt.pack_into(self._buf, 0, *values)
-            if self.cluster is not None:
-                self.cluster.launch(gx, gy, block, smem, stream, self._params_addr)
+            ex = self._dependent_launch() if dependent and PDL else None
+            ex = ex or self.cluster
+            if ex is not None:
+                ex.launch(gx, gy, block, smem, stream, self._params_addr)
                 return
             self._launch(self._func, gx, gy, 1, block[0], block[1], 1, smem, stream, self._params_addr, 0)
+
+    def _dependent_launch(self):
+        if self._dependent is None:
+            major = self._rt.getDeviceProperties(self.device)["major"]
+            self._dependent = major >= 9 and ExLaunch(self._func, self._dims, self._policy, programmatic=True)
+        return self._dependent
 
 
 def stream_ptr(stream) -> int:
@@ -125,19 +145,20 @@ def cupy_stream(ptr: int):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Cluster launches: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, through ctypes (CuPy
-# does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is 72 bytes (id, 4 bytes of
+# Launches with attributes: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION and the others
+# below, through ctypes (CuPy does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is 72 bytes (id, 4 bytes of
 # padding, a 64-byte value union at offset 8); CUlaunchConfig is 56 bytes (hStream at 32, attrs at 40,
 # numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
 
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # value: CUclusterSchedulingPolicy (an int)
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # value: an int, 1 = allowed
 _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 
 class _CUlaunchAttributeValue(ctypes.Union):
     _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", ctypes.c_uint * 3),
-                ("policy", ctypes.c_int)]
+                ("policy", ctypes.c_int), ("allowed", ctypes.c_int)]
 
 
 class _CUlaunchAttribute(ctypes.Structure):
@@ -189,28 +210,38 @@ def _check(rc: int, what: str) -> None:
         raise RuntimeError(f"fusedkit: {what} failed: {(name.value or b'?').decode()} ({rc})")
 
 
-class ClusterLaunch:
+class ExLaunch:
     """One kernel's launches through cuLaunchKernelEx: a CUlaunchConfig built once with a cluster-dimension
     attribute (and, when ``policy`` is not 0, a cluster scheduling policy preference: 1 spread, 2 load
-    balancing); a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs
-    (non-portable) get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
+    balancing; with ``programmatic``, the programmatic-stream-serialization attribute); a launch fills in
+    grid, block, shared memory and stream. Clusters of more than 8 CTAs (non-portable) get
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
 
     __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
 
-    def __init__(self, func: int, dims: tuple, policy: int = 0):
+    def __init__(self, func: int, dims: tuple, policy: int = 0, programmatic: bool = False):
         self.func, self.dims = func, dims
         self._lib = _libcuda()
         if dims[0] * dims[1] * dims[2] > 8:
             from cupy_backends.cuda.api import driver
             driver.funcSetAttribute(func, _CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-        n = 1 + bool(policy)
-        self._attr = (_CUlaunchAttribute * n)()
-        self._attr[0].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        for k in range(3):
-            self._attr[0].value.clusterDim[k] = dims[k]
-        if policy:
-            self._attr[1].id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
-            self._attr[1].value.policy = int(policy)
+        # the cluster attribute: always, except on the dependent launches of kernels without clusters
+        # (cuOccupancyMaxActiveClusters needs it even for clusters of one)
+        clustered = dims != (1, 1, 1) or not programmatic
+        wanted = [(_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, "clusterDim", dims)] if clustered else []
+        if policy and clustered:
+            wanted.append((_CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, "policy", int(policy)))
+        if programmatic:
+            wanted.append((_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, "allowed", 1))
+        n = len(wanted)
+        self._attr = (_CUlaunchAttribute * max(n, 1))()
+        for a, (attr_id, field, value) in zip(self._attr, wanted):
+            a.id = attr_id
+            if field == "clusterDim":
+                for k in range(3):
+                    a.value.clusterDim[k] = value[k]
+            else:
+                setattr(a.value, field, value)
         self._cfg = _CUlaunchConfig()
         self._cfg.gridDimZ = self._cfg.blockDimZ = 1
         self._cfg.attrs = self._attr

@@ -163,10 +163,13 @@ def gpu_forward(xp, tp, t32, M, N, x_dt, ignore_index, label_smoothing, z_loss, 
         o, cp = alloc(1, "int32")
         keep.append(o)
         keep += ce.reduce(0, tp, t32, M, ignore_index, 0, cp, False, device, stream, alloc)
+    # each kernel after the first starts while the one before runs and waits for its output inside
+    # (programmatic dependent launch, cuda/common/griddep.cuh); forward launches nothing for M == 0
     ce.forward(xp, tp, t32, gp, tok, lsp, cp, M, N, x_dt, ignore_index, label_smoothing, z_loss, 1.0, device,
-               stream)
+               stream, dependent=bool(cp))
     if reduction != "none":
-        keep += ce.reduce(tok, tp, t32, M, ignore_index, lp, 0, reduction == "mean", device, stream, alloc)
+        keep += ce.reduce(tok, tp, t32, M, ignore_index, lp, 0, reduction == "mean", device, stream, alloc,
+                          dependent=M > 0)
     return keep
 
 
@@ -183,7 +186,7 @@ def gpu_backward(glp, per_token, scale, xp, tp, t32, lsp, gp, M, N, x_dt, ignore
         keep.append(o)
         keep += ce.reduce(0, tp, t32, M, ignore_index, 0, cp, False, device, stream, alloc)
     ce.backward(glp, per_token, xp, tp, t32, lsp, gp, cp, M, N, x_dt, ignore_index, label_smoothing, z_loss,
-                scale, device, stream)
+                scale, device, stream, dependent=bool(cp))
     return keep
 
 

@@ -627,6 +627,57 @@ def test_torch_non_default_stream():
     assert_grad(g2 / 2, g64, scale, "bfloat16", "grad on a side stream")
 
 
+# Each kind of fused kernel (and the backward) as a programmatic dependent of the count kernel, and the
+# final sum as the fused kernel's: (M, N, forced config or None for the shipped one). 1 << 18 tokens of 8:
+# a count and a sum of four blocks plus ce_reduce_final, the fused kernel's rows done long before the
+# count (a missing wait reads a stale count).
+DEPENDENT_CASES = [
+    (1 << 18, 8, None),
+    (600, 32768, None),                              # staged, one CTA a row
+    (300, 131072, None),                             # persistent (TUNED_PERSISTENT)
+    (160, 262144, None),                             # staged, clusters of 16, two buffers
+    (300, 32768, ("rows", 8, 8, 16, 2)),             # registers over a cluster of 2
+    (100, 4096, ("rows", 8, 1, 16, 1)),              # registers, one block a row
+    (40, 32768, ("looped", 8)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,cfg", DEPENDENT_CASES, ids=str)
+def test_dependent_launches(monkeypatch, M, N, cfg):
+    """The count -> fused -> sum chain with programmatic dependent launches (FUSEDKIT_PDL, on by
+    default) gives the bits of plain launches, on two calls whose counts differ (the second call's count
+    buffer is likely the first's, so a count read before the count kernel finished would show), and
+    the backward from lse likewise; the loss and gradient against the float64 reference."""
+    torch = pytest.importorskip("torch")
+    from fusedkit import _launch
+    from fusedkit.backends import cuda_cross_entropy as ce
+    if cfg is not None:
+        monkeypatch.setattr(ce, "fwd_config", lambda *a, f=cfg, **_: f)
+        monkeypatch.setattr(ce, "_plans", {})
+    rng = rng_for("dependent", M, N)
+    x = rand(rng, (M, N), "bfloat16")
+    X = to_backend(x, "torch")
+    targets = [make_targets(rng, (M,), N, frac=f) for f in (0.1, 0.6)]
+    got = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(_launch, "PDL", pdl)
+        for k, t in enumerate(targets):
+            T = to_backend(t, "torch")
+            loss, lse, grad = fk.cross_entropy(X, T, return_lse=True, return_grad=True)
+            gb = fk.cross_entropy_backward(1.0, X, T, lse)
+            got[pdl, k] = [to_numpy(a) for a in (loss, lse, grad, gb)]
+    torch.cuda.synchronize()
+    for k, t in enumerate(targets):
+        for a, b in zip(got[True, k], got[False, k]):
+            np.testing.assert_array_equal(a, b)
+        if M * N <= 1 << 24:
+            l64, _, g64, scale = ref64(x, t)
+            assert_loss(got[True, k][0], l64, f"loss, call {k}")
+            assert_grad(got[True, k][2], g64, scale, "bfloat16", f"grad, call {k}")
+            assert_grad(got[True, k][3], g64, scale, "bfloat16", f"backward, call {k}")
+
+
 # ---------------------------------------------------------------------------------------------------
 # PyTorch autograd adapter
 
@@ -674,8 +725,10 @@ def test_cluster_launch_structs_match_cuda_h():
     # the value union's members all start at its first byte (policy is an int there)
     V = L._CUlaunchAttributeValue
     assert V.clusterDim.offset == V.policy.offset == 0 and ctypes.sizeof(V) == 64
+    assert V.allowed.offset == 0
     assert (L._CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            L._CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) == (4, 5)  # CUlaunchAttributeID
+            L._CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+            L._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) == (4, 5, 6)  # CUlaunchAttributeID
 
 
 def test_configs():

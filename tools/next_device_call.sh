@@ -5,7 +5,7 @@
 # whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
 # and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
 #   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
-#   carry [".snap"]; about 40 s on an H100, 480 s on an H200)
+#   carry [".snap"]; about 240 s on an H100, 480 s on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -13,12 +13,19 @@ export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
-# 1. Any card. The cross-entropy call beside its kernel (tools/probe_ce_call.py, now timed by the
-# benchmark's GpuTimer: its first run on a GPU). The shipped kernels passed their GPU tests and sanitizer
-# on an H100 at 08:18Z (gpu_tests_ce_shipped_H100_2026-12-07T0818Z.txt).
+# 1. Any card. The cross-entropy chain with programmatic dependent launches (count -> fused kernel ->
+# sum; the fused kernels wait for the count only before their first gradient): the GPU tests of
+# test_cross_entropy.py (test_dependent_launches new), memcheck and racecheck, then the call probe at the
+# three benchmark shapes (the call with plain and with dependent launches in the same rounds).
+OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS=tests/test_cross_entropy.py SANITIZE=cross_entropy BUDGET=200 \
+  PYTEST_K="not numpy and not torch_cpu" bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
+tail -4 "$OUT/tests.log"
 mkdir -p "$OUT/probe"
-timeout 90 python3 tools/probe_ce_call.py "$OUT/probe/probe_ce_call.json" > "$OUT/probe/probe.log" 2>&1
-tail -10 "$OUT/probe/probe.log"
+for shape in 16384,32768 8192,131072 4096,262144; do
+  PROBE_CE_SHAPE=$shape timeout 90 python3 tools/probe_ce_call.py "$OUT/probe/probe_ce_call_${shape/,/x}.json" \
+    > "$OUT/probe/probe_${shape/,/x}.log" 2>&1
+  grep -E "api|dependent|fused_count|count\+" "$OUT/probe/probe_${shape/,/x}.log"
+done
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 
 # 2. H200 only, most wanted first (a call cut short still returns what finished): the cross-entropy

@@ -246,10 +246,11 @@ def _fwd_plan(N, dt, device, config, max_vec):
 
 
 def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index, smoothing, z_loss,
-            grad_scale, device, stream, config=None):
+            grad_scale, device, stream, config=None, dependent=False):
     """The fused kernel: per-token loss (M floats) and, when their pointers are non-zero, lse and the
     gradient (grad may equal logits: in place). count: pointer to the int count of non-ignored tokens
-    ("mean" with a gradient), else 0."""
+    ("mean" with a gradient), else 0. ``dependent``: launched as the programmatic dependent of the
+    reduce() that writes count, just queued (fusedkit/_launch.py)."""
     if M == 0:
         return
     s = ITEMSIZE[dt]
@@ -259,13 +260,13 @@ def forward(logits, target, t32, grad, loss, lse, count, M, N, dt, ignore_index,
     if cap is not None:  # staged (cap 0: one row per cluster) or persistent (cap: the resident clusters)
         rows = min(rows, cap or rows, STAGED_MAX_GROUPS or rows)
     fn(rows * c, block, smem, stream_ptr(stream), logits, target, grad, loss, lse, count, M, N, int(t32),
-       int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
+       int(ignore_index), float(smoothing), float(z_loss), float(grad_scale), dependent=dependent)
 
 
 def backward(grad_loss, per_token, logits, target, t32, lse, grad, count, M, N, dt, ignore_index, smoothing,
-             z_loss, grad_scale, device, stream):
+             z_loss, grad_scale, device, stream, dependent=False):
     """grad (M x N) from logits and the saved lse; the row scale is grad_scale * grad_loss[0 or row]
-    (grad_loss may be 0) / *count (count: pointer for "mean", else 0)."""
+    (grad_loss may be 0) / *count (count: pointer for "mean", else 0; ``dependent`` as in forward)."""
     if M == 0:
         return
     s = ITEMSIZE[dt]
@@ -278,23 +279,26 @@ def backward(grad_loss, per_token, logits, target, t32, lse, grad, count, M, N, 
     grid = grid_stride_blocks(M, ty, device)
     launcher(FILE, bwd_expr(dt, vec), BWD_CODES, device)(
         grid, (tx, ty), 0, stream_ptr(stream), grad_loss, logits, target, lse, grad, count, M, N, int(t32),
-        int(per_token), int(ignore_index), float(smoothing), float(z_loss), float(grad_scale))
+        int(per_token), int(ignore_index), float(smoothing), float(z_loss), float(grad_scale), dependent=dependent)
 
 
-def reduce(loss, target, t32, T, ignore_index, out, out_count, mean, device, stream, alloc):
+def reduce(loss, target, t32, T, ignore_index, out, out_count, mean, device, stream, alloc, dependent=False):
     """out = sum (or mean, with ``mean``) of the T per-token losses (loss may be 0: count only) and
     out_count = the number of non-ignored targets (either output may be 0). Deterministic: fixed chunks
-    and trees. ``alloc(n, dtype)`` -> (keep-alive, pointer) for the block partials of large T."""
+    and trees. ``alloc(n, dtype)`` -> (keep-alive, pointer) for the block partials of large T.
+    ``dependent``: the first launch is the programmatic dependent of forward(), just queued (it waits
+    for the losses)."""
     sp = stream_ptr(stream)
     P = max(1, -(-T // REDUCE_CHUNK))
     red = launcher(FILE, REDUCE_EXPR, REDUCE_CODES, device)
     if P == 1:
         red(1, (REDUCE_THREADS, 1), 0, sp, loss, target, int(t32), T, int(ignore_index), 0, 0, out, out_count,
-            int(mean))
+            int(mean), dependent=dependent)
         return []
     ks, psum = alloc(P, "float32")
     kc, pcount = alloc(P, "int32")
-    red(P, (REDUCE_THREADS, 1), 0, sp, loss, target, int(t32), T, int(ignore_index), psum, pcount, 0, 0, int(mean))
+    red(P, (REDUCE_THREADS, 1), 0, sp, loss, target, int(t32), T, int(ignore_index), psum, pcount, 0, 0, int(mean),
+        dependent=dependent)
     launcher(FILE, REDUCE_FINAL_EXPR, REDUCE_FINAL_CODES, device)(
         1, (REDUCE_THREADS, 1), 0, sp, psum, pcount, P, out, out_count, int(mean))
     return [ks, kc]

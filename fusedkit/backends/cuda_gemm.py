@@ -477,8 +477,8 @@ def _cluster_launch(k, cluster: int, smem: int):
     key = (k.kernel.ptr, cluster)
     c = _cluster_launches.get(key)
     if c is None:
-        from .._launch import ClusterLaunch
-        launch = ClusterLaunch(k.kernel.ptr, (cluster, 1, 1))
+        from .._launch import ExLaunch
+        launch = ExLaunch(k.kernel.ptr, (cluster, 1, 1))
         resident = launch.max_active_clusters((THREADS, 1, 1), smem)
         if resident < 1:
             raise RuntimeError(f"fusedkit.fp8_gemm: no cluster of {cluster} CTAs with {smem} B of shared memory "

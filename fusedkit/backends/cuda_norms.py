@@ -14,7 +14,7 @@ from functools import lru_cache
 
 
 from .. import _env, _jit
-from .._launch import ClusterLaunch, Launcher, stream_ptr
+from .._launch import ExLaunch, Launcher, stream_ptr
 from ._common import align_elems, blocks_per_sm, check_row_config, sm_count, vec_width  # noqa: F401 (vec_width, align_elems: also for tools)
 from .._dtypes import CXX, ITEMSIZE
 from .cuda_fp8 import FMT_CXX
@@ -537,7 +537,7 @@ def _resident_clusters(k, device, block, smem, size) -> int:
     if smem > 32 * 1024 and k.max_dynamic_shared_size_bytes < smem:
         k.max_dynamic_shared_size_bytes = smem
     with cupy.cuda.Device(device):
-        return ClusterLaunch(k.kernel.ptr, (size, 1, 1)).max_active_clusters(block, smem)
+        return ExLaunch(k.kernel.ptr, (size, 1, 1)).max_active_clusters(block, smem)
 
 
 class BwdLaunch:
