@@ -66,6 +66,7 @@
 #include "common/bulk.cuh"
 #include "common/fp8.cuh"
 #include "common/cluster.cuh"
+#include "common/griddep.cuh"
 
 // Switches of two host-chosen template flags, for A/B runs (tools/ab_nvrtc_options.py; 1 = shipped):
 // FK_FULL_ROWS = 0 keeps the per-vector bounds tests where FULL says the row code is filled exactly;
@@ -695,6 +696,7 @@ norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict_
          const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
          float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
          int zero_centered) {
+  griddep_launch_dependents();  // column_sum, launched as a dependent, waits for the partial rows
   constexpr int RPB = RowsPerBlock<WARPS>::value;
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ float dyn_smem[];
@@ -827,6 +829,7 @@ norm_bwd_staged(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
                 float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
                 int zero_centered, int stages) {
+  griddep_launch_dependents();  // column_sum, launched as a dependent, waits for the partial rows
   constexpr int RPB = RowsPerBlock<WARPS>::value;
   constexpr int T_ROW = 32 * WARPS;
   __shared__ unsigned long long bars[kMaxStages];
@@ -917,6 +920,7 @@ norm_bwd_staged_pair(const T* __restrict__ dy, const T* __restrict__ x, const W*
                      const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
                      float* __restrict__ dw_part, float* __restrict__ db_part, long long M, int N,
                      int zero_centered, int stages) {
+  griddep_launch_dependents();  // column_sum, launched as a dependent, waits for the partial rows
   static_assert(WARPS >= 4, "one row part per block");
   static_assert(SPLIT == 2 || SPLIT == 4, "rows in halves or quarters");
   constexpr int T_ROW = 32 * WARPS;
@@ -1050,6 +1054,7 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                 T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part,
                 long long M, int N, int zero_centered) {
+  griddep_launch_dependents();  // column_sum, launched as a dependent, waits for the partial rows
   const int nvec = N / VEC;
   const float inv_n = 1.f / (float)N;
   float* dwp = dw_part != nullptr ? dw_part + (long long)blockIdx.x * N : nullptr;
@@ -1105,6 +1110,8 @@ norm_bwd_looped(const T* __restrict__ dy, const T* __restrict__ x, const W* __re
 // accumulators, then the LANES sums in a fixed order: deterministic). The partials were just written,
 // so they come from L2 and the sum is latency-bound: lanes and loads in flight, not bytes, set its time
 // (sweep_norm_bwd_small 1813Z: 32 lanes against 8 took 13 us off the RMSNorm 131072 x 1024 backward).
+// Launched as the backward kernel's programmatic dependent (common/griddep.cuh): its blocks start as
+// the backward's last CTAs run, and wait for them before the first load.
 // Splitting the rows over a cluster of 2-8 CTAs (more SMs at N = 1024, rank 0 adding their sums from
 // distributed shared memory) was measured and dropped: within +-1 % at 131072 x 1024, up to 2x slower
 // at the small shapes (sweep_norm_bwd_small 1825Z).
@@ -1115,13 +1122,14 @@ column_sum(const float* __restrict__ part, long long P, int N, W* __restrict__ o
   const int col = blockIdx.x * 32 + threadIdx.x;
   const float* src = part + blockIdx.y * P * N + col;
   float s[4] = {0.f, 0.f, 0.f, 0.f};
+  griddep_wait();  // the backward kernel just before wrote the partials (coherent loads below)
   if (col < N) {
     long long p = threadIdx.y;
     for (; p + 3 * LANES < P; p += 4 * LANES) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) s[k] += src[(p + k * LANES) * N];
+      for (int k = 0; k < 4; ++k) s[k] += __ldcg(src + (p + k * LANES) * N);
     }
-    for (; p < P; p += LANES) s[0] += src[p * N];
+    for (; p < P; p += LANES) s[0] += __ldcg(src + p * N);
   }
   tile[threadIdx.y][threadIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
   __syncthreads();

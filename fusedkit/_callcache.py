@@ -287,7 +287,7 @@ def norm_backward(dy, x, weight, mean, rstd, zero_centered, rms):
         o0 = _ptr(dw if dw is not None else db)
         o1 = _ptr(db) if db is not None else o0
         fn, grid, block = plan.colsum
-        fn.launch_current(grid, block, 0, sp, pp, P, N, o0, o1)
+        fn.launch_current(grid, block, 0, sp, pp, P, N, o0, o1, dependent=True)  # plans have M > 0
     return (dx, dw) if plan.rms else (dx, dw, db)
 
 

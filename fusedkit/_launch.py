@@ -89,14 +89,15 @@ class Launcher:
             bound.add(cur)
         self._launch_now(grid, block, smem, stream, values, dependent)
 
-    def launch_current(self, grid, block: tuple, smem: int, stream: int, *values) -> None:
+    def launch_current(self, grid, block: tuple, smem: int, stream: int, *values,
+                       dependent: bool = False) -> None:
         """A launch for callers that know the kernel's device is current (fusedkit/_callcache.py):
         only binds the thread's context the first time."""
         bound = getattr(_bound, "devices", None)
         if bound is None or self.device not in bound:
-            self(grid, block, smem, stream, *values)
+            self(grid, block, smem, stream, *values, dependent=dependent)
             return
-        self._launch_now(grid, block, smem, stream, values)
+        self._launch_now(grid, block, smem, stream, values, dependent)
 
     def _launch_now(self, grid, block, smem, stream, values, dependent=False) -> None:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
@@ -146,9 +147,9 @@ def cupy_stream(ptr: int):
 
 # ----------------------------------------------------------------------------------------------------
 # Launches with attributes: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION and the others
-# below, through ctypes (CuPy does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is 72 bytes (id, 4 bytes of
-# padding, a 64-byte value union at offset 8); CUlaunchConfig is 56 bytes (hStream at 32, attrs at 40,
-# numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
+# below, through ctypes (CuPy does not wrap it). Layouts from cuda.h (CUDA 12/13): CUlaunchAttribute is
+# 72 bytes (id, 4 bytes of padding, a 64-byte value union at offset 8); CUlaunchConfig is 56 bytes
+# (hStream at 32, attrs at 40, numAttrs at 48). tests/test_cross_entropy.py checks these offsets.
 
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # value: CUclusterSchedulingPolicy (an int)

@@ -434,6 +434,39 @@ def test_column_sum_lanes(lanes, shape, rms, monkeypatch):
     _callcache.clear()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 1024), (777, 96), (64, 8192), (2, 65536), (3, 262144)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_column_sum_dependent_launch(shape, rms, monkeypatch):
+    """column_sum launched as the programmatic dependent of the backward kernel (FUSEDKIT_PDL, on by
+    default) gives the bits of a plain launch, on the first call and the call cache's repeat, with
+    different dy each call (a sum that read partial rows before the backward wrote them would show)."""
+    pytest.importorskip("cupy")
+    from fusedkit import _callcache, _launch
+    rng, x, w, b = _make("cupy", "bfloat16", shape, "float32", ("colsum_pdl", shape, rms))
+    X, W, B = (to_backend(a, "cupy") for a in (x, w, b))
+    dys = [to_backend(rand(rng, shape, "bfloat16"), "cupy") for _ in range(2)]
+    got = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(_launch, "PDL", pdl)
+        _callcache.clear()
+        for k, DY in enumerate(dys):  # the second call takes the call cache's plan
+            if rms:
+                _, rstd = fk.rms_norm(X, W, return_stats=True)
+                got[pdl, k] = fk.rms_norm_backward(DY, X, W, rstd)
+            else:
+                _, mean, rstd = fk.layer_norm(X, W, B, return_stats=True)
+                got[pdl, k] = fk.layer_norm_backward(DY, X, W, mean, rstd)
+    _callcache.clear()
+    for k in range(len(dys)):
+        for a, c in zip(got[True, k], got[False, k]):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(c))
+    dx64, dw64, db64 = ref64_backward(to_numpy(dys[1]), x, w, 1e-5, rms)
+    assert_rel(got[True, 1][1], dw64, "bfloat16", "dweight")
+    if not rms:
+        assert_rel(got[True, 1][2], db64, "bfloat16", "dbias")
+
+
 def _check_forced_backward(backend, dtype, shape, weights, rms, seed_key):
     """dx, dweight and dbias of the public calls against the float64 reference for one weight form
     ("plain", "zero_centered" or "none"), on the first call and on the cached repeat (the call cache's

@@ -5,7 +5,7 @@
 # whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
 # and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
 #   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
-#   carry [".snap"]; about 240 s on an H100, 480 s on an H200)
+#   carry [".snap"]; about 420 s on an H100, 480 s on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -13,19 +13,17 @@ export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
-# 1. Any card. The cross-entropy chain with programmatic dependent launches (count -> fused kernel ->
-# sum; the fused kernels wait for the count only before their first gradient): the GPU tests of
-# test_cross_entropy.py (test_dependent_launches new), memcheck and racecheck, then the call probe at the
-# three benchmark shapes (the call with plain and with dependent launches in the same rounds).
-OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS=tests/test_cross_entropy.py SANITIZE=cross_entropy BUDGET=200 \
-  PYTEST_K="not numpy and not torch_cpu" bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
+# 1. Any card. Programmatic dependent launches (PDL): the cross-entropy chain (count -> fused kernel
+# -> sum) passed its GPU tests on an H100 at 09:33Z; now the norm backward's column_sum as the backward
+# kernel's dependent: its GPU tests (test_column_sum_dependent_launch new) and sanitizer, then the A/B of
+# PDL off / on for the norm fwdbwd and cross-entropy calls in the same rounds (tools/ab_pdl.py).
+OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS=tests/test_norms.py SANITIZE=norms BUDGET=260 \
+  PYTEST_K="dependent or column_sum or backward or pair or cluster_merged" \
+  bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
 tail -4 "$OUT/tests.log"
-mkdir -p "$OUT/probe"
-for shape in 16384,32768 8192,131072 4096,262144; do
-  PROBE_CE_SHAPE=$shape timeout 90 python3 tools/probe_ce_call.py "$OUT/probe/probe_ce_call_${shape/,/x}.json" \
-    > "$OUT/probe/probe_${shape/,/x}.log" 2>&1
-  grep -E "api|dependent|fused_count|count\+" "$OUT/probe/probe_${shape/,/x}.log"
-done
+mkdir -p "$OUT/ab"
+timeout 200 python3 tools/ab_pdl.py "$OUT/ab/ab_pdl.json" > "$OUT/ab/ab_pdl.log" 2>&1
+cat "$OUT/ab/ab_pdl.log" | tail -12
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 
 # 2. H200 only, most wanted first (a call cut short still returns what finished): the cross-entropy

@@ -322,11 +322,12 @@ class ColumnSum:
         """(Launcher, grid, block) of the sum of n_parts buffers of partial rows of width N."""
         return self.fn, (-(-N // 32), n_parts), (32, self.lanes)
 
-    def __call__(self, stream, part, P, N, outs) -> None:
-        """outs: the output pointers present (dweight first), none of them 0."""
+    def __call__(self, stream, part, P, N, outs, dependent=False) -> None:
+        """outs: the output pointers present (dweight first), none of them 0; ``dependent``: launched as
+        the programmatic dependent of the backward kernel just queued (fusedkit/_launch.py)."""
         if outs:
             fn, grid, block = self.launch_plan(N, len(outs))
-            fn(grid, block, 0, stream, part, P, N, outs[0], outs[-1])
+            fn(grid, block, 0, stream, part, P, N, outs[0], outs[-1], dependent=dependent)
 
 
 _logged: set = set()
@@ -609,7 +610,7 @@ def backward(dy, x, w, mean, rstd, dx, dw, db, M, N, x_dt, w_dt, zero_centered, 
     if M > 0:
         plan.fn(nblocks, plan.block, plan.smem, sp, dy, x, w, mean, rstd, dx, dw_part, db_part, M, N,
                 zero_centered, *plan.extra)
-    plan.colsum(sp, part, P if M > 0 else 0, N, outs)
+    plan.colsum(sp, part, P if M > 0 else 0, N, outs, dependent=M > 0)
     return keep
 
 
