@@ -6,7 +6,7 @@
 // kernel before it writes; everything that kernel *reads* was complete before it started, because
 // fusedkit launches the first kernel of such a chain without the attribute.
 //
-// Rules for a dependent kernel (both checked by review, not by the compiler):
+// Rules for a dependent kernel (kept by review; the compiler cannot check them):
 //   - before griddep_wait(): read only the call's inputs; write only memory the kernel before does not
 //     touch;
 //   - griddep_wait() in every thread that later reads the earlier kernel's output (it is per thread).
@@ -14,6 +14,13 @@
 //     what `const __restrict__` pointers may compile to): it was written during this kernel's lifetime.
 // Without the attribute (and off sm_90) both calls are no-ops, so the same kernel serves plain launches.
 #pragma once
+
+// FK_GRIDDEP_WAIT=0 compiles the waits out: only to show that the dependent-launch tests fail without
+// them (tests/test_cross_entropy.py test_dependent_launches, tests/test_norms.py
+// test_column_sum_dependent_launch, with TEST_OPTIONS="-DFK_GRIDDEP_WAIT=0" in tools/gpu_check.sh).
+#ifndef FK_GRIDDEP_WAIT
+#define FK_GRIDDEP_WAIT 1
+#endif
 
 namespace fk {
 
@@ -26,7 +33,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // Waits until the kernel before this one on the stream has completed and its writes are visible.
 __device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && FK_GRIDDEP_WAIT
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
