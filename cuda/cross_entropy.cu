@@ -651,14 +651,15 @@ ce_reduce(const float* __restrict__ loss, const void* __restrict__ target, int t
           long long ignore_index, float* __restrict__ psum, int* __restrict__ pcount, float* __restrict__ out,
           int* __restrict__ out_count, int mean) {
   griddep_launch_dependents();  // the fused kernel after a count starts at once (it waits for the count)
-  if (loss != nullptr) griddep_wait();  // the losses come from the fused kernel just before
   const long long start = (long long)blockIdx.x * kCeReduceChunk;
   const long long end = min(T, start + kCeReduceChunk);
-  float s = 0.f;
-  int n = 0;
-  for (long long i = start + threadIdx.x; i < end; i += kCeReduceThreads) {
-    if (loss != nullptr) s += __ldcg(loss + i);
+  int n = 0;  // the targets are the call's input: counted while the fused kernel before may still run
+  for (long long i = start + threadIdx.x; i < end; i += kCeReduceThreads)
     n += ce_target(target, t32, i) != ignore_index ? 1 : 0;
+  float s = 0.f;
+  if (loss != nullptr) {
+    griddep_wait();  // the losses come from the fused kernel just before
+    for (long long i = start + threadIdx.x; i < end; i += kCeReduceThreads) s += __ldcg(loss + i);
   }
   ce_block_sum(s, n);
   if (threadIdx.x != 0) return;
