@@ -10,12 +10,15 @@ FUSEDKIT_NVRTC_OPTIONS  extra NVRTC options (experiments, e.g. -DFK_STREAM_LOADS
 FUSEDKIT_COMPILE_TARGETS  comma-separated targets of the compile-all check (default sm_80,sm_90a,sm_100a).
 FUSEDKIT_STAGED     1 (default) lets memory-bound kernels on sm_90+ stage rows through shared memory
                     with bulk copies; 0 forces the register-only kernels (comparison, debugging).
+FUSEDKIT_PDL        1 (default) launches the second and later kernels of a multi-kernel call on sm_90+
+                    as programmatic dependents of the one before (fusedkit/_launch.py); 0 plain launches.
 """
 import os
 import sys
 
 DEBUG = int(os.environ.get("FUSEDKIT_DEBUG", "0") or 0)
 STAGED = os.environ.get("FUSEDKIT_STAGED", "1") != "0"
+PDL = os.environ.get("FUSEDKIT_PDL", "1") != "0"  # read at each dependent launch: A/B tools flip it
 
 
 def cache_dir() -> str:

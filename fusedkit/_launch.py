@@ -19,17 +19,17 @@ serialization attribute, so the kernel may start while the kernel before it on t
 that one's CTAs called ``griddepcontrol.launch_dependents``). Only for kernels written for it
 (cuda/common/griddep.cuh: ``griddep_wait()`` before reading what the kernel before wrote), and only
 right after a fusedkit launch of a kernel that triggers; elsewhere, and before compute capability 9.0,
-it is a plain launch. ``FUSEDKIT_PDL=0`` (or ``PDL = False`` here) turns it off, for A/B runs.
+it is a plain launch. ``FUSEDKIT_PDL=0`` (or ``fusedkit._env.PDL = False``) turns it off, for A/B runs.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 
+from . import _env
+
 _FMT = {"p": "Q", "q": "q", "i": "i", "f": "f"}
-PDL = os.environ.get("FUSEDKIT_PDL", "1") != "0"
 _bound = threading.local()  # devices whose primary context this thread has made current
 
 
@@ -103,7 +103,7 @@ class Launcher:
         gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         with self._lock:
             self._fmt.pack_into(self._buf, 0, *values)
-            ex = self._dependent_launch() if dependent and PDL else None
+            ex = self._dependent_launch() if dependent and _env.PDL else None
             ex = ex or self.cluster
             if ex is not None:
                 ex.launch(gx, gy, block, smem, stream, self._params_addr)

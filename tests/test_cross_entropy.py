@@ -650,7 +650,7 @@ def test_dependent_launches(monkeypatch, M, N, cfg):
     buffer is likely the first's, so a count read before the count kernel finished would show), and
     the backward from lse likewise; the loss and gradient against the float64 reference."""
     torch = pytest.importorskip("torch")
-    from fusedkit import _launch
+    from fusedkit import _env
     from fusedkit.backends import cuda_cross_entropy as ce
     if cfg is not None:
         monkeypatch.setattr(ce, "fwd_config", lambda *a, f=cfg, **_: f)
@@ -661,7 +661,7 @@ def test_dependent_launches(monkeypatch, M, N, cfg):
     targets = [make_targets(rng, (M,), N, frac=f) for f in (0.1, 0.6)]
     got = {}
     for pdl in (False, True):
-        monkeypatch.setattr(_launch, "PDL", pdl)
+        monkeypatch.setattr(_env, "PDL", pdl)
         for k, t in enumerate(targets):
             T = to_backend(t, "torch")
             loss, lse, grad = fk.cross_entropy(X, T, return_lse=True, return_grad=True)

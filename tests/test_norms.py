@@ -442,13 +442,13 @@ def test_column_sum_dependent_launch(shape, rms, monkeypatch):
     default) gives the bits of a plain launch, on the first call and the call cache's repeat, with
     different dy each call (a sum that read partial rows before the backward wrote them would show)."""
     pytest.importorskip("cupy")
-    from fusedkit import _callcache, _launch
+    from fusedkit import _callcache, _env
     rng, x, w, b = _make("cupy", "float16", shape, "float32", ("colsum_pdl", shape, rms))
     X, W, B = (to_backend(a, "cupy") for a in (x, w, b))
     dys = [to_backend(rand(rng, shape, "float16"), "cupy") for _ in range(2)]
     got = {}
     for pdl in (False, True):
-        monkeypatch.setattr(_launch, "PDL", pdl)
+        monkeypatch.setattr(_env, "PDL", pdl)
         _callcache.clear()
         for k, DY in enumerate(dys):  # the second call takes the call cache's plan
             if rms:

@@ -1,4 +1,4 @@
-"""A/B of programmatic dependent launches (fusedkit._launch.PDL off / on) in one run, interleaved rounds,
+"""A/B of programmatic dependent launches (fusedkit._env.PDL off / on) in one run, interleaved rounds,
 each case timed by the benchmark's GpuTimer (L2 flushed before each call) beside a device copy of the
 same bytes: the multi-launch calls, with the benchmark's inputs and byte models.
   rms_norm_fwdbwd / layer_norm_fwdbwd (10MN bytes: forward with statistics, then the backward, whose
@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fusedkit as fk
-from fusedkit import _launch
+from fusedkit import _env
 from fusedkit.bench import GpuTimer, run_meta
 
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
@@ -65,11 +65,11 @@ def main():
         for r in range(ROUNDS):
             copy_ms = timer.ms(lambda: dst.copy_(src))
             for pdl in ((False, True) if r % 2 == 0 else (True, False)):
-                _launch.PDL = pdl
+                _env.PDL = pdl
                 ms = timer.ms(fn)
                 rows.append({"case": name, "round": r, "pdl": pdl, "ms": ms, "copy_ms": copy_ms,
                              "of_copy": copy_ms / ms})
-        _launch.PDL = True
+        _env.PDL = True
         del src, dst
         line = []
         for pdl in (False, True):

@@ -5,7 +5,7 @@
 # whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
 # and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
 #   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
-#   carry [".snap"]; about 150 s on an H100, 480 s on an H200)
+#   carry [".snap"]; about 200 s on an H100, 480 s on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -14,23 +14,21 @@ G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
 # 1. Any card. Programmatic dependent launches (PDL; H100 09:43Z: +0.3 points on every norm fwdbwd and
-# cross-entropy call, ab_pdl_H100_2026-12-07T0943Z.json). The dependent-launch tests (the norm one fixed:
-# CuPy has no bf16), then the same tests built with the waits compiled out (-DFK_GRIDDEP_WAIT=0: they
-# must fail, or they prove nothing), then the call probe at 16384 x 32768 in both builds (the count
-# pointer costs the staged kernel 5 us there: is it the wait instruction and its L1 invalidation?).
-K="dependent"
-OUT=$OUT/tests STAGES=test PYTEST_ARGS="tests/test_norms.py tests/test_cross_entropy.py" PYTEST_K="$K" BUDGET=90 \
-  bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
-tail -3 "$OUT/tests.log"
-OUT=$OUT/tests_nowait STAGES=test PYTEST_ARGS="tests/test_norms.py tests/test_cross_entropy.py" PYTEST_K="$K" \
-  TEST_OPTIONS="-DFK_GRIDDEP_WAIT=0" BUDGET=90 bash tools/gpu_check.sh > "$OUT/tests_nowait.log" 2>&1
-tail -3 "$OUT/tests_nowait.log"
+# cross-entropy call, ab_pdl_H100_2026-12-07T0943Z.json; their tests fail with the waits compiled out,
+# 09:50Z). Now ce_reduce counts the targets before its wait: the cross-entropy GPU tests and sanitizer,
+# the norm dependent-launch tests (the switch moved to fusedkit._env.PDL), the call probe at the three
+# benchmark shapes.
+OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS="tests/test_cross_entropy.py" SANITIZE=cross_entropy BUDGET=150 \
+  PYTEST_K="not numpy and not torch_cpu" bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
+tail -4 "$OUT/tests.log"
+OUT=$OUT/tests_norms STAGES=test PYTEST_ARGS="tests/test_norms.py" PYTEST_K="dependent" BUDGET=60 \
+  bash tools/gpu_check.sh > "$OUT/tests_norms.log" 2>&1
+tail -2 "$OUT/tests_norms.log"
 mkdir -p "$OUT/probe"
-for build in wait nowait; do
-  opts=""; [ $build = nowait ] && opts="-DFK_GRIDDEP_WAIT=0"
-  FUSEDKIT_NVRTC_OPTIONS="$opts" PROBE_CE_SHAPE=16384,32768 timeout 90 python3 tools/probe_ce_call.py \
-    "$OUT/probe/probe_ce_call_16384x32768_$build.json" > "$OUT/probe/probe_$build.log" 2>&1
-  echo "$build"; grep -E "fused|api" "$OUT/probe/probe_$build.log"
+for shape in 16384,32768 8192,131072 4096,262144; do
+  PROBE_CE_SHAPE=$shape timeout 90 python3 tools/probe_ce_call.py "$OUT/probe/probe_ce_call_${shape/,/x}.json" \
+    > "$OUT/probe/probe_${shape/,/x}.log" 2>&1
+  grep -E "reduce|api|dependent|fused" "$OUT/probe/probe_${shape/,/x}.log"
 done
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 import fusedkit as fk
-from fusedkit import _launch
+from fusedkit import _env
 from fusedkit.backends import cuda_cross_entropy as ce
 from fusedkit.bench import GpuTimer, run_meta
 
@@ -48,7 +48,7 @@ def main():
                    "bfloat16", -100, 0.0, 0.0, 1.0, 0, s, dependent=dependent)
 
     def api(pdl):
-        _launch.PDL = pdl
+        _env.PDL = pdl
         fk.cross_entropy(x, t, return_grad=True)
 
     cases = {"count": count, "reduce": reduce, "fused": lambda: fused(0),
