@@ -236,7 +236,9 @@ __device__ __forceinline__ Vec<T, VEC> ce_grad_vec(const Vec<T, VEC>& x, long lo
 
 // Statistics, merge, loss and gradient of a row whose vectors [v0, vend) sit in registers (zeros past
 // vend and in rows that are not read). x0: the row's first logit (label smoothing), xt: the target logit
-// (the leader's; 0 elsewhere: the merged sum delivers it to every thread).
+// (the leader's; 0 elsewhere: the merged sum delivers it to every thread). count, grad_scale: what
+// ce_grad_scale takes, called here before the first gradient store (a kernel that walks rows passes the
+// scale it computed once, with a null count).
 template <typename T, int VEC, int ITEMS, int WARPS, typename MERGE>
 __device__ __forceinline__ void ce_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], const CeRow& r, float x0, float xt,
                                               T* grad, float* __restrict__ loss, float* __restrict__ lse_out,
