@@ -95,6 +95,7 @@
 #include "common/vec.cuh"
 #include "common/fp8.cuh"
 #include "common/act.cuh"
+#include "common/griddep.cuh"
 
 namespace fk {
 
@@ -128,6 +129,7 @@ __device__ __forceinline__ float current_scale(float amax, float fp8_max, float 
 template <typename T, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256)
 fp8_amax(const T* __restrict__ x, float* __restrict__ amax_out, long long n) {
+  griddep_launch_dependents();  // the cast after it starts at once and waits for the amax (common/griddep.cuh)
   const long long nvec = n / VEC;
   // vector v of the walk is x's vector at(v) (the walk's order: see FK_AMAX_REVERSE)
   auto at = [&](long long v) { return FK_AMAX_REVERSE ? x + (nvec - 1 - v) * VEC : x + v * VEC; };
@@ -183,11 +185,15 @@ __global__ void __launch_bounds__(256)
 fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const float* __restrict__ scale_in,
              const float* __restrict__ amax_in, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
              float* __restrict__ amax_out, long long n, float amax_epsilon, int pow2) {
-  const float scale = CURRENT ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    scale_inv_out[0] = __fdiv_rn(1.f, scale);
-    if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
-  }
+  // current scaling: launched as the amax pass's programmatic dependent, so the scale is read after the
+  // first chunk's loads are issued (x is the call's input) and the wait for the amax pass (ce_grad_scale
+  // in cuda/cross_entropy.cu does the same with its count)
+  auto current = [&] {
+    griddep_wait();
+    return current_scale(__ldcg(amax_in), F::MAX, amax_epsilon, pow2);
+  };
+  float scale = CURRENT ? 0.f : *scale_in;
+  bool scaled = !CURRENT;
   const long long nvec = n / VEC;
   float m = 0.f;
   const long long chunk = (long long)blockDim.x * UNROLL;
@@ -196,11 +202,20 @@ fp8_quantize(const T* __restrict__ x, unsigned char* __restrict__ out, const flo
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k)
       if (c + (long long)k * blockDim.x < nvec) a[k] = load_vec<T, VEC>(x + (c + (long long)k * blockDim.x) * VEC);
+    if (!scaled) {
+      scale = current();
+      scaled = true;
+    }
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
       const long long v = c + (long long)k * blockDim.x;
       if (v < nvec) quantize_vec<T, F, VEC>(a[k], out + v * VEC, scale, m);
     }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (!scaled) scale = current();
+    scale_inv_out[0] = __fdiv_rn(1.f, scale);
+    if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
   }
   if (amax_out != nullptr) block_amax_merge(m, amax_out);
 }
@@ -526,7 +541,8 @@ fp8_cast_transpose(const T* __restrict__ x, unsigned char* __restrict__ out,
                    float* __restrict__ scale_inv_out, float* __restrict__ amax_out, long long M, int N,
                    float amax_epsilon, int pow2) {
   __shared__ unsigned char tile[kCtTile][kCtTile + 8];
-  const float scale = CURRENT ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
+  if (CURRENT) griddep_wait();  // current scaling: the amax pass just before (a programmatic dependent)
+  const float scale = CURRENT ? current_scale(__ldcg(amax_in), F::MAX, amax_epsilon, pow2) : *scale_in;
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     scale_inv_out[0] = __fdiv_rn(1.f, scale);
     if (CURRENT && scale_out != nullptr) scale_out[0] = scale;
@@ -740,7 +756,10 @@ fp8_ct_tile(const T* __restrict__ x, const T* __restrict__ dy, unsigned char* __
             float* __restrict__ amax_out, float* __restrict__ dbias_part, unsigned* __restrict__ dbias_count,
             T* __restrict__ dbias, long long M, int N, float amax_epsilon, int pow2) {
   const bool current = amax_in != nullptr;
-  const float scale = current ? current_scale(*amax_in, F::MAX, amax_epsilon, pow2) : *scale_in;
+  // current scaling: launched as the programmatic dependent of the amax pass (or of fp8_dact_values,
+  // which may also have written x = g): nothing is read before the wait
+  if (current) griddep_wait();
+  const float scale = current ? current_scale(__ldcg(amax_in), F::MAX, amax_epsilon, pow2) : *scale_in;
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     scale_inv_out[0] = __fdiv_rn(1.f, scale);
     if (current && scale_out != nullptr) scale_out[0] = scale;
@@ -865,6 +884,7 @@ template <typename T, int ACT, int VEC>
 __global__ void __launch_bounds__(256)
 fp8_dact_values(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ amax_out,
                 float* __restrict__ g_out, long long n) {
+  griddep_launch_dependents();
   const long long nvec = n / VEC, stride = (long long)gridDim.x * blockDim.x;
   float m = 0.f;
   for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
@@ -889,6 +909,7 @@ template <typename T, int ACT, int VEC>
 __global__ void __launch_bounds__(256)
 fp8_dgated_values(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ amax_out,
                   float* __restrict__ g_out, long long M, int H) {
+  griddep_launch_dependents();
   const long long nvec = M * H / VEC, stride = (long long)gridDim.x * blockDim.x;
   // the walk keeps its (row, column) and steps by the stride's (rows, columns): two divisions per
   // thread, none per vector (a 64-bit division is a ~70-instruction call)

@@ -550,5 +550,6 @@ def quantize(x, fmt, scale, recipe):
         args = (0, amax_p, pbuf + 8, sinv_p, 0)
     else:        # the cast merges the amax of x into buf[0]
         args = (sp_, 0, 0, sinv_p, amax_p)
-    plan.cast_fn.launch_current(plan.grid, block, 0, stream, xp, _ptr(data), *args, plan.n, plan.eps, plan.pow2)
+    plan.cast_fn.launch_current(plan.grid, block, 0, stream, xp, _ptr(data), *args, plan.n, plan.eps, plan.pow2,
+                                dependent=current)
     return _FP8Tensor(data, buf[1:2], plan.fmt, buf[0:1])

@@ -151,3 +151,41 @@ def test_repeat_calls_through_the_call_cache(backend, dtype, scaling):
         same_bytes(to_numpy(t.data), data, "e4m3")
         assert F32(np.asarray(to_numpy(t.scale_inv)).reshape(-1)[0]) == sinv
         np.testing.assert_array_equal(np.asarray(to_numpy(t.amax), F32).reshape(-1)[0], F32(amax))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["quantize", "cast_transpose", "cast_transpose_odd", "dgelu_ct", "dgelu_ct_odd"])
+def test_current_scaling_dependent_launches(case, monkeypatch):
+    """Current scaling's cast launched as the programmatic dependent of its amax pass (FUSEDKIT_PDL, on
+    by default: the cast issues its first loads, then waits for the amax) gives the bytes of plain
+    launches, on calls whose amax differ (a scale read before the amax pass finished would show); the
+    quantize calls after the first take the call cache's plan. "_odd": N % 8 != 0, the 64 x 64
+    cast-transpose and dact's fp32 g pass."""
+    pytest.importorskip("torch")
+    from fusedkit import _callcache, _env
+    N = 4093 if case.endswith("_odd") else 4096
+    rng = rng_for("pdl", case)
+    xs = [rand(rng, (1024, N), "bfloat16", scale=s) for s in (3.0, 300.0, 0.5)]
+    dys = [rand(rng, (1024, N), "bfloat16", scale=s) for s in (7.0, 0.02, 1.0)]
+    got = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(_env, "PDL", pdl)
+        _callcache.clear()
+        for k, (x, dy) in enumerate(zip(xs, dys)):
+            X, DY = to_backend(x, "torch"), to_backend(dy, "torch")
+            if case == "quantize":
+                t = fk.quantize(X, fmt="e4m3")
+            elif case.startswith("cast_transpose"):
+                t = fk.cast_transpose(X, fmt="e4m3")
+            else:
+                t = fk.dact_cast_transpose(DY, X, activation="gelu", fmt="e5m2")
+            got[pdl, k] = [to_numpy(a) for a in (t.data, t.data_t, t.scale_inv, t.amax) if a is not None]
+    _callcache.clear()
+    for k in range(len(xs)):
+        for a, b in zip(got[True, k], got[False, k]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if case == "quantize":
+        for k, x in enumerate(xs):
+            data, sinv, amax = ref.quantize_current(x, "e4m3")[:3]
+            same_bytes(got[True, k][0], data, "e4m3")
+            assert F32(np.asarray(got[True, k][1]).reshape(-1)[0]) == sinv

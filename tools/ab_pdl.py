@@ -3,7 +3,9 @@ each case timed by the benchmark's GpuTimer (L2 flushed before each call) beside
 same bytes: the multi-launch calls, with the benchmark's inputs and byte models.
   rms_norm_fwdbwd / layer_norm_fwdbwd (10MN bytes: forward with statistics, then the backward, whose
     column_sum of dweight / dbias partial rows is the dependent launch) at the benchmark's shapes;
-  cross_entropy_fwdbwd (4MN: count -> fused kernel -> sum, the last two dependent).
+  cross_entropy_fwdbwd (4MN: count -> fused kernel -> sum, the last two dependent);
+  fp8_quantize_current (5MN: the amax pass, then the cast as its dependent) and the current-scaling
+    cast-transpose (6MN: amax pass, then both casts) at the FP8 benchmark's shapes.
 AB_PDL_CASES (comma-separated prefixes of the case names, default all), AB_ROUNDS (3). JSON to argv[1].
 
     PYTHONPATH=. python3 tools/ab_pdl.py [out.json]
@@ -21,6 +23,7 @@ from fusedkit.bench import GpuTimer, run_meta
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 NORM_SHAPES = [(131072, 1024), (32768, 4096), (16384, 8192), (8192, 16384)]
 CE_SHAPES = [(16384, 32768), (8192, 131072), (4096, 262144)]
+FP8_SHAPES = [(32768, 4096), (16384, 8192), (16384, 14336)]
 
 
 def norm_case(rms, M, N):
@@ -46,6 +49,13 @@ def ce_case(M, N):
     return (lambda: fk.cross_entropy(x, t, return_grad=True)), 4 * M * N
 
 
+def fp8_case(transpose, M, N):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(M, N, device="cuda", generator=g) * 100).to(torch.bfloat16)
+    fn = fk.cast_transpose if transpose else fk.quantize
+    return (lambda: fn(x, fmt="e4m3")), (6 if transpose else 5) * M * N
+
+
 def main():
     cases = {}
     for rms in (True, False):
@@ -54,6 +64,9 @@ def main():
             cases[name] = lambda rms=rms, M=M, N=N: norm_case(rms, M, N)
     for M, N in CE_SHAPES:
         cases[f"cross_entropy_fwdbwd {M}x{N}"] = lambda M=M, N=N: ce_case(M, N)
+    for M, N in FP8_SHAPES:
+        cases[f"fp8_quantize_current {M}x{N}"] = lambda M=M, N=N: fp8_case(False, M, N)
+        cases[f"fp8_cast_transpose_current {M}x{N}"] = lambda M=M, N=N: fp8_case(True, M, N)
     want = [p for p in os.environ.get("AB_PDL_CASES", "").split(",") if p]
     names = [n for n in cases if not want or any(n.startswith(p) for p in want)]
     timer = GpuTimer(torch)

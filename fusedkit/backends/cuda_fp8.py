@@ -61,7 +61,8 @@ def quantize(x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, x_dt, fm
     if current:
         launcher(FILE, amax_expr(x_dt, vec), "ppq", device)(grid, (THREADS, 1), 0, sp, x, amax_in, n)
     launcher(FILE, quantize_expr(x_dt, fmt, vec, current), "pppppppqfi", device)(
-        grid, (THREADS, 1), 0, sp, x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, eps, pow2)
+        grid, (THREADS, 1), 0, sp, x, out, scale, amax_in, scale_out, scale_inv, amax_out, n, eps, pow2,
+        dependent=current)  # the cast waits for the amax inside (fusedkit/_launch.py)
 
 
 def quantize_plan(n, x_dt, fmt, current, device):
@@ -176,7 +177,7 @@ def cast_transpose(x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out
     fn = launcher(FILE, cast_transpose_expr(x_dt, fmt, vec, vt, current), "ppppppppqifi", device)
     gx, gy = max(1, -(-N // CT_TILE)), max(1, -(-M // CT_TILE))
     fn((gx, gy), (THREADS, 1), 0, sp, x, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, M, N,
-       eps, pow2)
+       eps, pow2, dependent=current)
 
 
 def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv, amax_out, dbias_part,
@@ -211,7 +212,8 @@ def cast_transpose_fused(x, dy, out, out_t, scale, amax_in, scale_out, scale_inv
         act, grid = act - GATED + GATED_PAIRED, ct_grid(M, N // 2, False)
     fn = launcher(FILE, ct_tile_expr(x_dt, fmt, act, sums, vec), "ppppppppppppqifi", device)
     fn(grid, (THREADS, 1), 0, sp, x, dy, out, out_t, scale, amax_in if current else 0,
-       scale_out, scale_inv, amax_out, dbias_part if with_dbias else 0, dbias_count, dbias, M, N, eps, pow2)
+       scale_out, scale_inv, amax_out, dbias_part if with_dbias else 0, dbias_count, dbias, M, N, eps, pow2,
+       dependent=current)  # after the amax pass or fp8_dact_values, whose output it waits for
 
 
 # Vectors per thread of fp8_quantize_blocks' flat one-pass walk (rows of whole blocks, 8-element vectors;
