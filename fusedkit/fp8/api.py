@@ -356,8 +356,9 @@ def update_scales(history, scale, scale_inv=None, *, recipe=None, fmt="e4m3"):
     zeroed for the next step) and sets ``scale = fp8_max / amax / 2**margin`` (the previous scale kept
     for an amax of 0, inf or NaN), ``scale_inv = 1 / scale``. One kernel launch on device arrays.
     JAX arrays (eager, or traced under ``jax.jit``) are immutable: the updated ``(history, scale,
-    scale_inv)`` come back as new arrays (jax.numpy, the same step bit for bit, except that XLA may
-    flush a subnormal ``scale_inv`` to zero) and the inputs stay as they were."""
+    scale_inv)`` come back as new arrays (on a GPU the same kernel; on the CPU the step in jax.numpy,
+    bit for bit, except that XLA flushes a subnormal ``scale_inv`` to zero there) and the inputs stay
+    as they were."""
     rec = recipe or DelayedScaling()
     if not isinstance(rec, DelayedScaling):
         raise TypeError("fusedkit.fp8.update_scales: recipe must be a DelayedScaling")

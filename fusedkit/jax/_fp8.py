@@ -42,19 +42,28 @@ def scale_array(s, who: str, what: str):
 # scaling's scale is an extra fp32 output (scratch), dropped afterwards.
 
 def update_scales(history, scale, scale_inv, fp8_max, margin, algo):
-    """fusedkit.fp8.update_scales on JAX arrays (eager or traced, any device): the same step as the
-    reference (recipes.update_amax_history, delayed_scale) in jax.numpy, fp32 throughout. JAX arrays are
-    immutable, so the updated (history, scale, scale_inv) come back as new arrays (scale_inv None when
-    not given). XLA flushes fp32 subnormals to zero, which leaves two differences from the reference,
-    both at the ends of fp32's range: a scale_inv whose value is subnormal (a scale of 2^126 or more,
-    from an amax below about 5e-36) and a scale that would be subnormal (an amax near fp32's max with a
-    margin) come back 0, where the reference keeps the subnormal."""
+    """fusedkit.fp8.update_scales on JAX arrays (eager or traced): the new (history, scale, scale_inv)
+    come back as new arrays (JAX arrays are immutable; scale_inv None when not given), bit for bit the
+    reference's step. On a GPU the CuPy path's kernel (fp8_update_scales) runs on copies of the inputs:
+    XLA's GPU fp32 division is not correctly rounded (the jax.numpy step below read scales 1 ulp off in
+    a quarter of the tensors on an H100, 2026-12-07). On the CPU the jax.numpy step runs; XLA flushes
+    fp32 subnormals to zero there, which leaves two differences from the reference, both at the ends
+    of fp32's range: a scale_inv whose value is subnormal (a scale of 2^126 or more, from an amax below
+    about 5e-36) and a scale that would be subnormal (an amax near fp32's max with a margin) come back
+    0, where the reference keeps the subnormal."""
+    key = (int(history.shape[0]), int(history.shape[1]), float(fp8_max), int(margin), algo)
+    new_h, new_s, new_si = _dispatch(functools.partial(_update_jnp, fp8_max=fp8_max, margin=margin, algo=algo),
+                                     lambda device: _update_callable(key), (history, scale))
+    return new_h, new_s, None if scale_inv is None else new_si
+
+
+def _update_jnp(history, scale, *, fp8_max, margin, algo):
+    """The delayed-scaling step in jax.numpy, fp32 throughout (the CPU path of update_scales)."""
     import jax
     import jax.numpy as jnp
     f32, f32_max = jnp.float32, np.finfo(np.float32).max
-    # XLA flushes fp32 subnormals to zero (on the CPU at least), so a subnormal amax would read as 0 and
-    # keep the previous scale; the reference divides by it (fp8_max / amax overflows: fp32 max). `tiny`:
-    # the amax is a positive subnormal, found on the bits
+    # a subnormal amax would read as 0 (flushed) and keep the previous scale; the reference divides by
+    # it (fp8_max / amax overflows: fp32 max). `tiny`: the amax is a positive subnormal, found on the bits
     bits = jax.lax.bitcast_convert_type(history.astype(f32), jnp.int32)
     subnormal = (bits > 0) & (bits < 0x00800000)
     if algo == "max":
@@ -68,7 +77,31 @@ def update_scales(history, scale, scale_inv, fp8_max, margin, algo):
     sf = jnp.where(amax > 0, sf, scale)                  # amax 0: the previous scale
     sf = jnp.where(jnp.isfinite(amax), sf, scale)        # inf / NaN: the previous scale
     sf = jnp.where(jnp.isinf(sf) | tiny, f32(f32_max), sf).astype(f32)
-    return new, sf, None if scale_inv is None else (f32(1) / sf).astype(f32)
+    return new, sf, (f32(1) / sf).astype(f32)
+
+
+@functools.lru_cache(maxsize=None)
+def _update_callable(key):
+    """The GPU path of update_scales: (history, scale) -> new (history, scale, scale_inv) buffers."""
+    L, n, fp8_max, margin, algo = key
+
+    def gpu_cb(ctx, out, history, scale):
+        import cupy
+
+        from ..backends import cuda_fp8
+        h_o, s_o, si_o = out
+        dev = history.__dlpack_device__()[1]
+        stream = int(ctx.stream)
+        with cupy.cuda.Device(dev):
+            if n:  # the kernel updates in place: it runs on the outputs, copies of the inputs
+                d2d = cupy.cuda.runtime.memcpyDeviceToDevice
+                cupy.cuda.runtime.memcpyAsync(_ptr(h_o), _ptr(history), 4 * L * n, d2d, stream)
+                cupy.cuda.runtime.memcpyAsync(_ptr(s_o), _ptr(scale), 4 * n, d2d, stream)
+                cuda_fp8.update_scales(_ptr(h_o), _ptr(s_o), _ptr(si_o), L, n, fp8_max, margin,
+                                       algo == "most_recent", dev, stream)
+
+    results = (_sds((L, n), "float32"), _sds((n,), "float32"), _sds((n,), "float32"))
+    return buffer_callback(gpu_cb, results, vmap_method=_VMAP)
 
 
 def quantize(x, scale, fmt, eps, pow2, transpose):
