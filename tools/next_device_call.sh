@@ -5,7 +5,7 @@
 # whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
 # and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
 #   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
-#   carry [".snap"]; about 330 s on an H100, 600 s more on an H200)
+#   carry [".snap"]; about 60 s on an H100, 600 s more on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -13,19 +13,11 @@ export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
-# 1. Any card. Current scaling's cast as the programmatic dependent of its amax pass (fp8_quantize reads
-# the amax after its first loads; the cast-transposes wait first thing): the FP8 cast tests and the
-# sanitizer, the dependent-launch test built with the waits compiled out (must fail), the PDL A/B.
-FP8_TESTS="tests/test_fp8_quantize.py tests/test_fp8_cast_transpose.py tests/test_fp8_dact.py tests/test_fp8_dgated.py tests/test_fp8_amax_out.py tests/test_fp8_scaling.py"
-OUT=$OUT/tests STAGES=test,sanitize PYTEST_ARGS="$FP8_TESTS" SANITIZE=fp8 BUDGET=260 \
-  PYTEST_K="not numpy and not torch_cpu" bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
-tail -9 "$OUT/tests.log"
-OUT=$OUT/tests_nowait STAGES=test PYTEST_ARGS="tests/test_fp8_quantize.py" PYTEST_K="dependent" \
-  TEST_OPTIONS="-DFK_GRIDDEP_WAIT=0" BUDGET=60 bash tools/gpu_check.sh > "$OUT/tests_nowait.log" 2>&1
-tail -2 "$OUT/tests_nowait.log"
-mkdir -p "$OUT/ab_fp8"
-AB_PDL_CASES=fp8 timeout 100 python3 tools/ab_pdl.py "$OUT/ab_fp8/ab_pdl_fp8.json" > "$OUT/ab_fp8/ab_pdl_fp8.log" 2>&1
-tail -6 "$OUT/ab_fp8/ab_pdl_fp8.log"
+# 1. Any card. fusedkit.fp8.update_scales on JAX GPU arrays now runs the CUDA kernel (test_fp8_scaling's
+# JAX cases failed on the H100 at 10:02Z: XLA's GPU division); the JAX FP8 tests beside it.
+OUT=$OUT/tests STAGES=test PYTEST_ARGS="tests/test_fp8_scaling.py tests/test_fp8_jax.py" BUDGET=150 \
+  bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
+tail -3 "$OUT/tests.log"
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 
 # 2. H200 only, most wanted first (a call cut short still returns what finished): the benchmark of the
