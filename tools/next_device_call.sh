@@ -5,7 +5,7 @@
 # whose figures are per card); part 2 only on an H200 (the A/B runs and benchmarks that decide configs
 # and go into the README table). Every part writes under its own folder of $OUT and prints a summary.
 #   device call: cd .snap && bash tools/next_device_call.sh      (after bash tools/gpu_snapshot.sh;
-#   carry [".snap"]; about 60 s on an H100, 600 s more on an H200)
+#   carry [".snap"]; a few seconds on an H100, 600 s more on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -13,24 +13,23 @@ export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
 
-# 1. Any card. fusedkit.fp8.update_scales on JAX GPU arrays now runs the CUDA kernel (test_fp8_scaling's
-# JAX cases failed on the H100 at 10:02Z: XLA's GPU division); the JAX FP8 tests beside it.
-OUT=$OUT/tests STAGES=test PYTEST_ARGS="tests/test_fp8_scaling.py tests/test_fp8_jax.py" BUDGET=150 \
-  bash tools/gpu_check.sh > "$OUT/tests.log" 2>&1
-tail -3 "$OUT/tests.log"
+# 1. Any card: nothing waits (every change since the last H200 run passed its GPU tests on an H100,
+# the last at 10:10Z; the H100 A/B of the dependent launches: ab_pdl_H100_2026-12-07T0943Z.json and
+# ab_pdl_fp8_H100_2026-12-07T1002Z.json).
 case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 
 # 2. H200 only, most wanted first (a call cut short still returns what finished): the benchmark of the
-# norms and cross-entropy (the README rows; programmatic dependent launches and ce_grad_scale since the
+# norms, cross-entropy and current-scaling quantize (the README rows; programmatic dependent launches
+# and ce_grad_scale since the
 # last H200 run: does RMSNorm forward + backward at 16384 x 8192 reach 1.2x Liger, cross-entropy 0.85 at
 # 131072?); the PDL A/B on this card; the staged kernels' ring depths; Nsight Compute of RMSNorm 16384 x
 # 8192 against torch.compile; the FP8 norms' grid sweep (LayerNorm -> FP8 at 8192: the cards disagree).
-OUT=$OUT/bench STAGES=bench BENCH_ARGS="--only _norm_fwd,cross_entropy --rounds 3" BUDGET=330 \
+OUT=$OUT/bench STAGES=bench BUDGET=330 BENCH_ARGS="--only _norm_fwd,cross_entropy,fp8_quantize_current --rounds 3" \
   bash tools/gpu_check.sh > "$OUT/bench.log" 2>&1
 tail -14 "$OUT/bench/bench.log"
 mkdir -p "$OUT/ab"
 AB_ROUNDS=2 timeout 90 python3 tools/ab_pdl.py "$OUT/ab/ab_pdl.json" > "$OUT/ab/ab_pdl.log" 2>&1
-tail -11 "$OUT/ab/ab_pdl.log"
+tail -17 "$OUT/ab/ab_pdl.log"
 AB_CASES=softmax_fwd,softmax_bwd,ce_131072,ce_262144 AB_ROUNDS=2 timeout 120 \
   python3 tools/ab_staged_ring.py "$OUT/ab/ab_staged_ring.json" > "$OUT/ab/ab_staged_ring.log" 2>&1
 grep rounds "$OUT/ab/ab_staged_ring.log"
