@@ -544,7 +544,8 @@ class _FakeBuffer:
 
 def _fake_gpu(monkeypatch):
     """CuPy's Device context and the kernel launches of cuda_softmax / cuda_cross_entropy replaced by
-    recorders (the launch arguments: pointers, sizes, options), so the GPU callbacks run without a GPU."""
+    recorders (the launch arguments: pointers, sizes, options; then ("dependent", True) for a
+    programmatic dependent launch), so the GPU callbacks run without a GPU."""
     import types
     from contextlib import nullcontext
 
@@ -554,11 +555,14 @@ def _fake_gpu(monkeypatch):
     cupy.cuda = types.SimpleNamespace(Device=lambda dev: nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     calls = []
+
+    def dep(k):
+        return (("dependent", True),) if k.get("dependent") else ()
     for mod, label in ((cs, "softmax"), (ce, "ce")):
         for name in ("forward", "backward"):
-            monkeypatch.setattr(mod, name, lambda *a, _n=f"{label}.{name}", **k: calls.append((_n,) + a))
+            monkeypatch.setattr(mod, name, lambda *a, _n=f"{label}.{name}", **k: calls.append((_n,) + a + dep(k)))
     monkeypatch.setattr(ce, "launcher", lambda file, expr, codes, device: (
-        lambda grid, block, smem, sp, *a: calls.append(("reduce", expr, grid) + a)))
+        lambda grid, block, smem, sp, *a, **k: calls.append(("reduce", expr, grid) + a + dep(k))))
     monkeypatch.setattr(ce, "stream_ptr", lambda stream: stream)
     return calls
 
@@ -600,6 +604,8 @@ def test_gpu_callbacks_dry_run(monkeypatch):
     assert red[3:5] == (40_000, 70_000) and red[8:10] == (40_000 + 4 * (M + 2), 50_000 + 4 * 3)
     final = calls[4]
     assert final[3:5] == (40_000 + 4 * (M + 2), 50_000 + 4 * 3) and final[6:8] == (10_000, 0)
+    # the fused kernel and the sum's first launch are the programmatic dependents of the launch before
+    assert [("dependent", True) in c for c in calls] == [False, False, True, True, False]
     calls.clear()
     # cross-entropy backward, per-token grad_loss of "none"
     key = ((M, N), "bfloat16", "int64", -100, 0.0, "none", 0.0, None, True, (M,))
