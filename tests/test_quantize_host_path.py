@@ -17,11 +17,11 @@ class _Recorder:
     def __init__(self, launches, expr):
         self.launches, self.expr = launches, expr
 
-    def __call__(self, grid, block, smem, stream, *values):
-        self.launches.append(("full", self.expr, grid, block, values))
+    def __call__(self, grid, block, smem, stream, *values, dependent=False):
+        self.launches.append(("full", self.expr, grid, block, values, dependent))
 
-    def launch_current(self, grid, block, smem, stream, *values):
-        self.launches.append(("cached", self.expr, grid, block, values))
+    def launch_current(self, grid, block, smem, stream, *values, dependent=False):
+        self.launches.append(("cached", self.expr, grid, block, values, dependent))
 
 
 @pytest.fixture
@@ -35,10 +35,12 @@ def launches(monkeypatch):
 
 
 def _shape_of(launch, x_ptr, scale_ptr):
-    """A launch with the per-call output pointers reduced to zero / non-zero."""
-    path, expr, grid, block, vals = launch
+    """A launch with the per-call output pointers reduced to zero / non-zero (and whether it is a
+    programmatic dependent launch: current scaling's cast after its amax pass)."""
+    path, expr, grid, block, vals, dependent = launch
     keep = {x_ptr, scale_ptr, 0}
-    return expr, grid, block, tuple(v if not isinstance(v, int) or v in keep or v < 1 << 20 else "ptr" for v in vals)
+    return (expr, grid, block, tuple(v if not isinstance(v, int) or v in keep or v < 1 << 20 else "ptr" for v in vals),
+            dependent)
 
 
 CASES = {
@@ -64,6 +66,8 @@ def test_cached_launch_matches_full_path(launches, case):
     assert [p for p, *_ in full] == ["full"] * len(full) and [p for p, *_ in cached] == ["cached"] * len(full)
     sp = 0 if s is None else s.data_ptr()
     assert [_shape_of(a, x.data_ptr(), sp) for a in cached] == [_shape_of(a, x.data_ptr(), sp) for a in full]
+    # current scaling: the amax pass, then the cast as its programmatic dependent; delayed: one cast
+    assert [a[-1] for a in full] == ([False] if c["scale"] else [False, True])
     # the result: bytes of x's shape, fp32 amax and scale_inv (views of one zeroed buffer)
     assert tuple(t.data.shape) == tuple(x.shape) and t.data.dtype == torch.uint8 and t.fmt.name == fmt
     assert t.amax.shape == (1,) and t.scale_inv.shape == (1,) and t.amax.dtype == torch.float32
