@@ -215,8 +215,9 @@ class ExLaunch:
     """One kernel's launches through cuLaunchKernelEx: a CUlaunchConfig built once with its attributes (the
     cluster dimension; when ``policy`` is not 0, a cluster scheduling policy preference: 1 spread, 2 load
     balancing; with ``programmatic``, programmatic stream serialization, and then the cluster dimension
-    only for a cluster of more than one CTA); a launch fills in grid, block, shared memory and stream. Clusters of more than 8 CTAs (non-portable) get
-    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set on the function."""
+    only for a cluster of more than one CTA); a launch fills in grid, block, shared memory and stream.
+    Clusters of more than 8 CTAs (non-portable) get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    set on the function."""
 
     __slots__ = ("func", "dims", "_attr", "_cfg", "_cfg_ref", "_lib")
 

@@ -21,8 +21,9 @@ case "$G" in *H200*) ;; *) echo "not an H200: part 2 skipped"; exit 0;; esac
 # 2. H200 only, most wanted first (a call cut short still returns what finished): the benchmark of the
 # norms, cross-entropy and current-scaling quantize (the README rows; programmatic dependent launches
 # and ce_grad_scale since the last H200 run: does RMSNorm forward + backward at 16384 x 8192 reach
-# 1.2x Liger, cross-entropy 0.85 at 131072?); the PDL A/B on this card; the staged kernels' ring depths; Nsight Compute of RMSNorm 16384 x
-# 8192 against torch.compile; the FP8 norms' grid sweep (LayerNorm -> FP8 at 8192: the cards disagree).
+# 1.2x Liger, cross-entropy 0.85 at 131072?); the PDL A/B on this card; the staged kernels' ring
+# depths; Nsight Compute of RMSNorm 16384 x 8192 against torch.compile; the FP8 norms' grid sweep
+# (LayerNorm -> FP8 at 8192: the cards disagree).
 OUT=$OUT/bench STAGES=bench BUDGET=330 BENCH_ARGS="--only _norm_fwd,cross_entropy,fp8_quantize_current --rounds 3" \
   bash tools/gpu_check.sh > "$OUT/bench.log" 2>&1
 tail -14 "$OUT/bench/bench.log"

@@ -3,11 +3,11 @@
 fused kernel without and with the count pointer (the mean's 1 / count), the three queued as the call
 queues them (plain launches, then the fused kernel and the sum as programmatic dependents: FUSEDKIT_PDL),
 and the call itself (without and with the dependent launches), each timed by the benchmark's GpuTimer
-(L2 flushed before each call). PROBE_ROUNDS (3) rounds, the cases in a rotated order each round (the first form of this probe ran them
-in one fixed order and read times that rose case after case, 1520 -> 1538 -> 1541 -> 1549 us on an H100,
-in both of its passes: drift, not cost, for all it could tell). Until 2026-12-07 09:00Z the probe had a
-timer of its own (the median of 40 queued calls; probe_ce_call_H100_2026-12-07T0803Z.json). Writes JSON
-to argv[1] when given.
+(L2 flushed before each call). PROBE_ROUNDS (3) rounds, the cases in a rotated order each round (the
+first form of this probe ran them in one fixed order and read times that rose case after case, 1520 ->
+1538 -> 1541 -> 1549 us on an H100, in both of its passes: drift, not cost, for all it could tell).
+Until 2026-12-07 09:00Z the probe had a timer of its own (the median of 40 queued calls;
+probe_ce_call_H100_2026-12-07T0803Z.json). Writes JSON to argv[1] when given.
 
     PYTHONPATH=. python3 tools/probe_ce_call.py [out.json]
 """
@@ -47,9 +47,12 @@ def main():
         ce.forward(x.data_ptr(), t.data_ptr(), False, grad.data_ptr(), loss.data_ptr(), 0, cp, M, N,
                    "bfloat16", -100, 0.0, 0.0, 1.0, 0, s, dependent=dependent)
 
-    def api(pdl):
+    def api(pdl):  # the switch back on after each call: the dependent-launch case above needs it on
         _env.PDL = pdl
-        fk.cross_entropy(x, t, return_grad=True)
+        try:
+            fk.cross_entropy(x, t, return_grad=True)
+        finally:
+            _env.PDL = True
 
     cases = {"count": count, "reduce": reduce, "fused": lambda: fused(0),
              "fused_count": lambda: fused(cnt.data_ptr()),
