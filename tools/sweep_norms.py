@@ -9,6 +9,7 @@ The winners go into fusedkit/backends/cuda_norms.py TUNED / TUNED_STAGED (see do
 import ast
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -43,6 +44,14 @@ PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").spli
 PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
 EXTRA = [(int(n), ast.literal_eval(c))
          for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
+# SWEEP_LOOPED=1: the forward candidates also include the two-pass ones of cuda_norms.LOOPED_FWD_CANDIDATES
+# (with SWEEP_TUNED_ONLY=1 too). SWEEP_PEERS=1: the benchmark's torch.compile and Liger forwards (and the
+# public fusedkit call) timed beside the forward configs, in the same rounds. SWEEP_ROUNDS: the candidates
+# (and peers) timed that many times, interleaved.
+LOOPED = os.environ.get("SWEEP_LOOPED", "0") == "1"
+PEERS = os.environ.get("SWEEP_PEERS", "0") == "1"
+ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "1"))
+OPS = tuple(os.environ.get("SWEEP_OPS", "ln,rms").split(","))  # SWEEP_OPS=rms: RMSNorm only
 
 
 def min_blocks_choices(threads):
@@ -52,9 +61,12 @@ def min_blocks_choices(threads):
 
 def candidates(N, direction, rms):
     """Register kernels (warps x vectors per thread) and staged kernels (x ring depth x min blocks)."""
+    extra = [tuple(c) for n, c in EXTRA if n == N]
+    if direction == "fwd":
+        extra = list(cn.LOOPED_FWD_CANDIDATES.get(N, ()) if LOOPED else ()) + extra
     if TUNED_ONLY:
         if direction == "fwd":
-            return [cn.fwd_config(N, 2, rms)]
+            return [cn.fwd_config(N, 2, rms)] + extra
         pairs = [cn.pair_from_half(N, 2, rms, pipe) for pipe in (False, True)] if PAIR else []
         shipped = cn.bwd_config(N, 2, rms, staged=True)
         if shipped[0] == "staged":
@@ -62,7 +74,6 @@ def candidates(N, direction, rms):
         else:
             merged = [shipped[:7] + (m, shipped[8]) for m in PAIR_MERGES if shipped[0] == "pair" and m != shipped[7]]
         quarters = [cn.pair_from_half(N, 2, rms, False, m, 4) for m in PAIR_MERGES] if 4 in PAIR_SPLITS else []
-        extra = [tuple(c) for n, c in EXTRA if n == N]
         return [shipped] + merged + [p for p in pairs + quarters if p] + extra
     vec = cn.vec_width(N, 2)
     nv = N // vec
@@ -95,7 +106,7 @@ def candidates(N, direction, rms):
     # explicit extras of this direction's kinds (e.g. "8192:('looped', 8)": the two-pass forward, its
     # second pass from L2, against the register kernels)
     kinds = ("rows", "looped") if direction == "fwd" else ("rows", "staged", "pair", "looped")
-    return out + [tuple(c) for n, c in EXTRA if n == N and c[0] in kinds]
+    return out + [c for c in extra if c[0] in kinds]
 
 
 def candidates_plain(N, rms):
@@ -117,12 +128,36 @@ def expr_of(cfg, direction, rms, N):
 
 def precompile(directions):
     """Fills the kernel cache for every candidate in parallel (fusedkit.bench.precompile)."""
-    bench_precompile(cn.FILE, [expr_of(cfg, d, rms, N) for N in SWEEP_NS for d in directions
-                               for rms in (False, True) for cfg in candidates(N, d, rms)])
+    bench_precompile(cn.FILE, [expr_of(cfg, d, op == "rms", N) for N in SWEEP_NS for d in directions
+                               for op in OPS for cfg in candidates(N, d, op == "rms")])
+
+
+def sweep_case(cfg, direction, rms, N, M, x, dy, w, y, dx, mean, rstd, dw, db, stream):
+    """(cfg, zero-argument launch, bytes moved, compiled kernel) of one candidate; raises on a kernel that
+    spills (skipped)."""
+    expr = expr_of(cfg, direction, rms, N)
+    k = _jit.get_kernel(cn.FILE, expr, 0)
+    if k.local_size_bytes:
+        raise RuntimeError(f"spills ({k.local_size_bytes} B local), skipped")
+    if direction == "fwd":
+        def fn():
+            cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(), y.data_ptr(), 0,
+                       0 if rms else mean.data_ptr(), rstd.data_ptr(), M, N, "bfloat16", "bfloat16", "bfloat16",
+                       1e-5, 0, rms, 0, stream, config=cfg)
+        return cfg, fn, 4 * M * N, k
+
+    def alloc(n):
+        t = torch.empty(n, device="cuda")
+        return t, t.data_ptr()
+
+    def fn():
+        cn.backward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+                    dw.data_ptr(), 0 if rms else db.data_ptr(), M, N, "bfloat16", "bfloat16", 0, rms, 0, stream,
+                    alloc, config=cfg)
+    return cfg, fn, 6 * M * N, k
 
 
 def main(out_path):
-    import cupy
     timer = GpuTimer(torch)
     copy = copy_gbps(torch, timer)
     stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
@@ -140,57 +175,43 @@ def main(out_path):
         rstd = torch.empty(M, device="cuda")
         dw = torch.empty(N, device="cuda", dtype=torch.bfloat16)
         db = torch.empty_like(dw)
-        vec = cn.vec_width(N, 2)
-        nv = N // vec
-        for rms in (False, True):
+        for rms in [op == "rms" for op in OPS]:
             for direction in directions:
-                best = None
+                cases = []  # (cfg, fn, bytes, kernel or None)
                 for cfg in candidates(N, direction, rms):
                     try:
-                        if direction == "fwd":
-                            expr = expr_of(cfg, direction, rms, N)
-
-                            def fn():
-                                cn.forward(x.data_ptr(), 0, w.data_ptr(), 0 if rms else w.data_ptr(),
-                                           y.data_ptr(), 0, 0 if rms else mean.data_ptr(), rstd.data_ptr(),
-                                           M, N, "bfloat16", "bfloat16", "bfloat16", 1e-5, 0, rms, 0,
-                                           stream, config=cfg)
-                            nbytes = 4 * M * N
-                        else:
-                            expr = expr_of(cfg, direction, rms, N)
-
-                            def alloc(n):
-                                t = torch.empty(n, device="cuda")
-                                return t, t.data_ptr()
-
-                            def fn():
-                                cn.backward(dy.data_ptr(), x.data_ptr(), w.data_ptr(), mean.data_ptr(),
-                                            rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-                                            0 if rms else db.data_ptr(), M, N, "bfloat16", "bfloat16", 0,
-                                            rms, 0, stream, alloc, config=cfg)
-                            nbytes = 6 * M * N
-                        k = _jit.get_kernel(cn.FILE, expr, 0)
-                        if k.local_size_bytes:
-                            print(f"N={N} {direction} rms={rms} {cfg}: spills ({k.local_size_bytes} B local), "
-                                  "skipped", flush=True)
-                            continue
-                        ms = timer.ms(fn, rep=10, min_time_ms=30)
+                        cases.append(sweep_case(cfg, direction, rms, N, M, x, dy, w, y, dx, mean, rstd, dw, db,
+                                                stream))
                     except Exception as e:  # noqa: BLE001
                         print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")
-                        continue
-                    gbps = nbytes / ms / 1e6
-                    r = {"N": N, "rms": rms, "dir": direction, "cfg": list(cfg), "ms": ms,
-                         "GBps": gbps, "of_copy": gbps / copy, "regs": k.num_regs,
-                         "local_bytes": k.local_size_bytes}
-                    results.append(r)
-                    if best is None or ms < best["ms"]:
-                        best = r
-                    print(f"N={N:6d} {'rms' if rms else 'ln '} {direction} {str(cfg):28s} "
-                          f"{ms:.4f} ms {gbps:6.0f} GB/s {gbps / copy:.3f} regs={k.num_regs} "
-                          f"local={k.local_size_bytes}", flush=True)
-                if best:
-                    print(f"BEST N={N} {'rms' if rms else 'ln'} {direction}: {tuple(best['cfg'])} "
-                          f"{best['of_copy']:.3f} of copy", flush=True)
+                if PEERS and direction == "fwd":
+                    from fusedkit.bench import _impls
+                    impls = _impls(torch, "rms_norm_fwd" if rms else "layer_norm_fwd", M, N, torch.bfloat16)
+                    cases += [(("peer", name), fn, 4 * M * N, None) for name, fn in impls.items()
+                              if name in ("fusedkit", "torch_compile", "liger")]
+                times = {}
+                for rnd in range(ROUNDS):
+                    for cfg, fn, nbytes, k in cases:
+                        try:
+                            ms = timer.ms(fn, rep=10, min_time_ms=30)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"N={N} {direction} rms={rms} {cfg}: {type(e).__name__} {str(e)[:120]}")
+                            continue
+                        times.setdefault(cfg, []).append(ms)
+                        gbps = nbytes / ms / 1e6
+                        regs, local = (k.num_regs, k.local_size_bytes) if k is not None else (None, None)
+                        results.append({"N": N, "rms": rms, "dir": direction, "cfg": list(cfg), "ms": ms,
+                                        "GBps": gbps, "of_copy": gbps / copy, "regs": regs, "local_bytes": local,
+                                        "round": rnd})
+                        print(f"N={N:6d} {'rms' if rms else 'ln '} {direction} {str(cfg):28s} "
+                              f"{ms:.4f} ms {gbps:6.0f} GB/s {gbps / copy:.3f} regs={regs} local={local}",
+                              flush=True)
+                kernels = {c: statistics.median(t) for c, t in times.items() if c[0] != "peer"}
+                if kernels:
+                    best = min(kernels, key=kernels.get)
+                    nbytes = next(b for c, _, b, _ in cases if c == best)
+                    print(f"BEST N={N} {'rms' if rms else 'ln'} {direction}: {best} "
+                          f"{nbytes / kernels[best] / 1e6 / copy:.3f} of copy (median of {ROUNDS})", flush=True)
         del x, dy, y, dx
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
