@@ -89,6 +89,17 @@
 #ifndef FK_LDG_COHERENT
 #define FK_LDG_COHERENT 0
 #endif
+// Experiment (0 = shipped): L1 eviction priorities in the register forwards (plain and FP8). Bit 1: the
+// weights (gamma, beta) load with L1::evict_last; bit 2: the row (x, residual) with L1::no_allocate
+// (common/vec.cuh load_vec_l1_keep / load_vec_l1_bypass). Why: Nsight Compute of RMSNorm 16384 x 8192 on
+// the H200 (ncu_rms8192_H200_2026-12-07T1300Z.txt) reads an L1 hit rate of 33 % for ours against 49 % for
+// torch.compile's kernel, whose weight loads carry evict_last: the same requests (one weight vector per
+// row vector), so about a third of our weight loads miss L1 and wait for L2 after the row's barrier.
+// A/B: AB_OPTIONS="-DFK_NORM_L1=1;-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS=norm AB_PEERS=1
+// tools/ab_nvrtc_options.py.
+#ifndef FK_NORM_L1
+#define FK_NORM_L1 0
+#endif
 
 namespace fk {
 
@@ -99,6 +110,13 @@ struct RowsPerBlock {
 
 // gamma (g = w, or w + 1 with zero_centered_gamma; 1 without weights) and beta of one vector of columns,
 // in fp32, from one vector load each (the weights are shared by all rows and stay in L1/L2).
+// One vector of a forward's weights (FK_NORM_L1 bit 1: evict_last in L1).
+template <typename W, int VEC>
+__device__ __forceinline__ Vec<W, VEC> load_weight_vec(const W* p) {
+  if constexpr ((FK_NORM_L1 & 1) != 0) return load_vec_l1_keep<W, VEC>(p);
+  else return load_vec<W, VEC>(p);
+}
+
 template <typename W, int VEC>
 __device__ __forceinline__ void load_gamma(const W* w, int v, int zero_centered, float (&g)[VEC]) {
   if (w == nullptr) {
@@ -106,7 +124,7 @@ __device__ __forceinline__ void load_gamma(const W* w, int v, int zero_centered,
     for (int j = 0; j < VEC; ++j) g[j] = 1.f;
     return;
   }
-  const Vec<W, VEC> t = load_vec<W, VEC>(w + (long long)v * VEC);
+  const Vec<W, VEC> t = load_weight_vec<W, VEC>(w + (long long)v * VEC);
   const float add = zero_centered ? 1.f : 0.f;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) g[j] = to_float(t.v[j]) + add;
@@ -118,7 +136,7 @@ __device__ __forceinline__ void load_beta(const W* b, int v, float (&beta)[VEC])
     for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
     return;
   }
-  const Vec<W, VEC> t = load_vec<W, VEC>(b + (long long)v * VEC);
+  const Vec<W, VEC> t = load_weight_vec<W, VEC>(b + (long long)v * VEC);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) beta[j] = to_float(t.v[j]);
 }
@@ -163,6 +181,7 @@ template <typename T, int VEC, bool STREAM>
 __device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
   if constexpr (STREAM) return load_vec_stream<T, VEC>(p);
   else if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
+  else if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1_bypass<T, VEC>(p);
   else return load_vec<T, VEC>(p);
 }
 
@@ -211,14 +230,14 @@ __device__ __forceinline__ void store_row(const Vec<T, VEC> (&raw)[ITEMS], const
     if ((FULL && FK_FULL_ROWS) || v < nvec) {
       float g[VEC], beta[VEC];
       if constexpr (PLAIN_W) {
-        const Vec<W, VEC> tw = load_vec<W, VEC>(w + (long long)v * VEC);
+        const Vec<W, VEC> tw = load_weight_vec<W, VEC>(w + (long long)v * VEC);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) g[j] = vec_elem(tw, j);
         if constexpr (RMS) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) beta[j] = 0.f;
         } else {
-          const Vec<W, VEC> tb = load_vec<W, VEC>(b + (long long)v * VEC);
+          const Vec<W, VEC> tb = load_weight_vec<W, VEC>(b + (long long)v * VEC);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) beta[j] = vec_elem(tb, j);
         }
