@@ -35,11 +35,15 @@ def gpu_results(device=None):
 
 
 def newest_groups():
-    """{(op, shape): (impls, copy_GBps, file, date)} from the newest run that has each (op, shape)."""
+    """{(op, shape): (impls, copy_GBps, file, date)} from the newest run that has each (op, shape). A run's
+    ``host_bound_ops`` ({op: why}, written into the results file after the run) are left to older runs:
+    ops whose peers were limited by the host in that run, so their ratios say nothing of the kernels."""
     groups = {}
     for date, f, res in gpu_results():
         mine = {}
         for r in res["rows"]:
+            if r["op"] in res.get("host_bound_ops", {}):
+                continue
             mine.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
         for k, impls in mine.items():
             groups[k] = (impls, res.get("copy_GBps"), f, date, res["device"], res.get("torch_compile_fresh", False))
@@ -93,6 +97,12 @@ def table() -> str:
     if overhead:
         lines += ["", "Host time per call (launches queued back to back): " + "; ".join(overhead) + "."]
     lines += ["", "Runs: " + "; ".join(f"{d} {dev} (`{f}`)" for d, f, dev in used) + "."]
+    for _, f, res in gpu_results():
+        by_why = {}
+        for op, why in res.get("host_bound_ops", {}).items():
+            by_why.setdefault(why, []).append(op)
+        for why, ops in by_why.items():
+            lines.append(f"Left out of `{os.path.relpath(f, ROOT)}`: {', '.join(ops)} ({why}).")
     return "\n".join(lines)
 
 
