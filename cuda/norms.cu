@@ -91,7 +91,7 @@
 #endif
 // Experiment (0 = shipped): L1 eviction priorities in the register forwards (plain and FP8). Bit 1: the
 // weights (gamma, beta) load with L1::evict_last; bit 2: the row (x, residual) with L1::no_allocate
-// (common/vec.cuh load_vec_l1_keep / load_vec_l1_bypass). Why: Nsight Compute of RMSNorm 16384 x 8192 on
+// (common/vec.cuh load_vec_l1). Why: Nsight Compute of RMSNorm 16384 x 8192 on
 // the H200 (ncu_rms8192_H200_2026-12-07T1300Z.txt) reads an L1 hit rate of 33 % for ours against 49 % for
 // torch.compile's kernel, whose weight loads carry evict_last: the same requests (one weight vector per
 // row vector), so about a third of our weight loads miss L1 and wait for L2 after the row's barrier.
@@ -113,7 +113,7 @@ struct RowsPerBlock {
 // One vector of a forward's weights (FK_NORM_L1 bit 1: evict_last in L1).
 template <typename W, int VEC>
 __device__ __forceinline__ Vec<W, VEC> load_weight_vec(const W* p) {
-  if constexpr ((FK_NORM_L1 & 1) != 0) return load_vec_l1_keep<W, VEC>(p);
+  if constexpr ((FK_NORM_L1 & 1) != 0) return load_vec_l1<true, W, VEC>(p);
   else return load_vec<W, VEC>(p);
 }
 
@@ -181,7 +181,7 @@ template <typename T, int VEC, bool STREAM>
 __device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
   if constexpr (STREAM) return load_vec_stream<T, VEC>(p);
   else if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
-  else if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1_bypass<T, VEC>(p);
+  else if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1<false, T, VEC>(p);
   else return load_vec<T, VEC>(p);
 }
 

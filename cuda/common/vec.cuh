@@ -53,35 +53,29 @@ __device__ __forceinline__ Vec<T, N> load_vec_stream(const T* p) {
 }
 
 // Read-only loads with an L1 eviction priority (PTX ld.global.nc.L1::<priority>), in 16-byte pieces; a
-// Vec that is not a multiple of 16 bytes loads as load_vec. load_vec_l1_keep (evict_last): data every row
-// re-reads from L1 (a norm's weights); load_vec_l1_bypass (no_allocate): row data read once, which then
-// does not push the former out of L1. For the FK_NORM_L1 experiment of cuda/norms.cu.
-#define FK_LD_NC_L1(PRIORITY, u, p)                                                                       \
-  asm("ld.global.nc.L1::" PRIORITY ".v4.u32 {%0, %1, %2, %3}, [%4];"                                     \
-      : "=r"((u).x), "=r"((u).y), "=r"((u).z), "=r"((u).w) : "l"(p))
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_l1_keep(const T* p) {
+// Vec that is not a multiple of 16 bytes loads as load_vec. KEEP (evict_last): data every row re-reads
+// from L1 (a norm's weights); otherwise no_allocate: row data read once, which then does not push the
+// former out of L1. For the FK_NORM_L1 experiment of cuda/norms.cu.
+template <bool KEEP>
+__device__ __forceinline__ uint4 ld_nc_l1(const uint4* p) {
+  uint4 u;
+  if constexpr (KEEP)
+    asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+  else
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+  return u;
+}
+template <bool KEEP, typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_l1(const T* p) {
   if constexpr (sizeof(Vec<T, N>) % 16 == 0) {
     uint4 u[sizeof(Vec<T, N>) / 16];
 #pragma unroll
-    for (int i = 0; i < (int)(sizeof(Vec<T, N>) / 16); ++i) FK_LD_NC_L1("evict_last", u[i], reinterpret_cast<const uint4*>(p) + i);
+    for (int i = 0; i < (int)(sizeof(Vec<T, N>) / 16); ++i) u[i] = ld_nc_l1<KEEP>(reinterpret_cast<const uint4*>(p) + i);
     return *reinterpret_cast<Vec<T, N>*>(u);
   } else {
     return load_vec<T, N>(p);
   }
 }
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_l1_bypass(const T* p) {
-  if constexpr (sizeof(Vec<T, N>) % 16 == 0) {
-    uint4 u[sizeof(Vec<T, N>) / 16];
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(Vec<T, N>) / 16); ++i) FK_LD_NC_L1("no_allocate", u[i], reinterpret_cast<const uint4*>(p) + i);
-    return *reinterpret_cast<Vec<T, N>*>(u);
-  } else {
-    return load_vec<T, N>(p);
-  }
-}
-#undef FK_LD_NC_L1
 
 template <typename T, int N>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
