@@ -17,11 +17,11 @@ summary() { sed -n '/==== summary/,$p' "$1" | head -"$2"; }  # gpu_check.sh's cl
 # 49 %): the norm GPU tests built with it, then its A/B against the shipped build with torch.compile in
 # the same rounds. If bit 2 (rows L1::no_allocate) lifts RMSNorm 16384 x 8192 past torch.compile on the
 # H200, make it the default (and rerun the benchmark: STAGES=bench BENCH_ARGS="--only _norm_fwd").
-OUT=$OUT/l1_tests STAGES=test BUDGET=150 TEST_OPTIONS="-DFK_NORM_L1=2" PYTEST_ARGS="tests/test_norms.py tests/test_norms_fp8.py" \
-  PYTEST_K="grid_stride or test_forward or misaligned" bash tools/gpu_check.sh > "$OUT/l1_tests.log" 2>&1
+OUT=$OUT/l1_tests STAGES=test BUDGET=150 TEST_OPTIONS="-DFK_NORM_L1=2" \
+  PYTEST_ARGS="tests/test_norms.py tests/test_norms_fp8.py" PYTEST_K="grid_stride or test_forward or misaligned" bash tools/gpu_check.sh > "$OUT/l1_tests.log" 2>&1
 summary "$OUT/l1_tests.log" 10
-AB_OPTIONS="-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS="rms_norm_fwd,layer_norm_fwd,norm_fp8_fwd" AB_PEERS=1 AB_ROUNDS=2 \
-  timeout 240 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
+AB_OPTIONS="-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS="rms_norm_fwd,layer_norm_fwd,norm_fp8_fwd" AB_PEERS=1 \
+  AB_ROUNDS=2 timeout 240 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
 tail -40 "$OUT/ab_norm_l1.log"
 case "$G" in *H200*) ;; *) echo "not an H200: the H200 part skipped"; exit 0;; esac
 

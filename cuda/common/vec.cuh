@@ -60,17 +60,20 @@ template <bool KEEP>
 __device__ __forceinline__ uint4 ld_nc_l1(const uint4* p) {
   uint4 u;
   if constexpr (KEEP)
-    asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    asm("ld.global.nc.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
   else
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
   return u;
 }
 template <bool KEEP, typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec_l1(const T* p) {
   if constexpr (sizeof(Vec<T, N>) % 16 == 0) {
-    uint4 u[sizeof(Vec<T, N>) / 16];
+    constexpr int PIECES = sizeof(Vec<T, N>) / 16;
+    uint4 u[PIECES];
 #pragma unroll
-    for (int i = 0; i < (int)(sizeof(Vec<T, N>) / 16); ++i) u[i] = ld_nc_l1<KEEP>(reinterpret_cast<const uint4*>(p) + i);
+    for (int i = 0; i < PIECES; ++i) u[i] = ld_nc_l1<KEEP>(reinterpret_cast<const uint4*>(p) + i);
     return *reinterpret_cast<Vec<T, N>*>(u);
   } else {
     return load_vec<T, N>(p);
