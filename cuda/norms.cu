@@ -479,13 +479,8 @@ __device__ __forceinline__ void looped_row(const T* __restrict__ x, const T* __r
   }
 }
 
-// THREADS: the block, one row per block; 1024 wherever the library picks this kernel itself (rows too
-// long for registers). Smaller blocks are the two-pass candidates of 4096-16384 rows (the shape of
-// torch.compile's RMSNorm forward on Hopper: 512 threads, 32 registers, the second pass re-reading the
-// row from L1 / L2; tools/sweep_norms.py SWEEP_EXTRA="8192:('looped', 4, 512)"): they ask ptxas for
-// 2048 resident threads per SM.
-template <typename T, typename W, typename O, int VEC, bool RMS, int THREADS = 1024>
-__global__ void __launch_bounds__(THREADS, THREADS >= 1024 ? 0 : 2048 / THREADS)
+template <typename T, typename W, typename O, int VEC, bool RMS>
+__global__ void __launch_bounds__(1024)
 norm_fwd_looped(const T* __restrict__ x, const T* __restrict__ residual, const W* __restrict__ w,
                 const W* __restrict__ b, O* __restrict__ y, T* sum_out,  // no restrict: re-read
                 float* __restrict__ mean_out, float* __restrict__ rstd_out, long long M, int N,

@@ -36,13 +36,15 @@ def gpu_results(device=None):
 
 def newest_groups():
     """{(op, shape): (impls, copy_GBps, file, date)} from the newest run that has each (op, shape). A run's
-    ``host_bound_ops`` ({op: why}, written into the results file after the run) are left to older runs:
-    ops whose peers were limited by the host in that run, so their ratios say nothing of the kernels."""
+    ``host_bound_ops`` ({key: why}, written into the results file after the run; a key is an op, every
+    shape, or "op@MxN", one shape) are left to older runs: rows whose peers were limited by the host in
+    that run, so their ratios say nothing of the kernels."""
     groups = {}
     for date, f, res in gpu_results():
         mine = {}
         for r in res["rows"]:
-            if r["op"] in res.get("host_bound_ops", {}):
+            marked = res.get("host_bound_ops", {})
+            if r["op"] in marked or f"{r['op']}@{'x'.join(map(str, r['shape']))}" in marked:
                 continue
             mine.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r
         for k, impls in mine.items():

@@ -44,11 +44,9 @@ PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").spli
 PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
 EXTRA = [(int(n), ast.literal_eval(c))
          for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
-# SWEEP_LOOPED=1: the forward candidates also include the two-pass ones of cuda_norms.LOOPED_FWD_CANDIDATES
-# (with SWEEP_TUNED_ONLY=1 too). SWEEP_PEERS=1: the benchmark's torch.compile and Liger forwards (and the
+# SWEEP_PEERS=1: the benchmark's torch.compile and Liger forwards (and the
 # public fusedkit call) timed beside the forward configs, in the same rounds. SWEEP_ROUNDS: the candidates
 # (and peers) timed that many times, interleaved.
-LOOPED = os.environ.get("SWEEP_LOOPED", "0") == "1"
 PEERS = os.environ.get("SWEEP_PEERS", "0") == "1"
 ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "1"))
 OPS = tuple(os.environ.get("SWEEP_OPS", "ln,rms").split(","))  # SWEEP_OPS=rms: RMSNorm only
@@ -62,8 +60,6 @@ def min_blocks_choices(threads):
 def candidates(N, direction, rms):
     """Register kernels (warps x vectors per thread) and staged kernels (x ring depth x min blocks)."""
     extra = [tuple(c) for n, c in EXTRA if n == N]
-    if direction == "fwd":
-        extra = list(cn.LOOPED_FWD_CANDIDATES.get(N, ()) if LOOPED else ()) + extra
     if TUNED_ONLY:
         if direction == "fwd":
             return [cn.fwd_config(N, 2, rms)] + extra

@@ -24,12 +24,6 @@ MAX_ITEMS_FWD = 8   # vectors of 16 B per thread (4 registers each, one buffer)
 MAX_ITEMS_BWD = 4   # x, dy and the fp32 dweight/dbias accumulators of those columns
 MAX_WARPS_FWD = 16
 MAX_WARPS_BWD = 16  # 512 threads keep 128 registers per thread
-LOOPED_THREADS = 1024  # the looped kernels' block (THREADS of norm_fwd_looped)
-# Two-pass forward candidates (("looped", vec, threads), rows re-read from L1 / L2 in the second pass)
-# the compile-all check builds and tools/sweep_norms.py times beside the register kernels (bf16).
-LOOPED_FWD_CANDIDATES = {4096: (("looped", 4, 512), ("looped", 8, 512)),
-                         8192: (("looped", 4, 512), ("looped", 8, 512), ("looped", 8, 256)),
-                         16384: (("looped", 4, 512), ("looped", 8, 512), ("looped", 8, 1024))}
 
 # Tuned (items, warps) per (op, N, itemsize, direction) for the register kernels: the winners of
 # tools/sweep_norms.py on the H200 (bf16; benchmarks/results/; backward
@@ -248,15 +242,7 @@ def fwd_expr(cfg, x_dt, w_dt, o_dt, rms, *, plain_w, N=None) -> str:
             tail = f", {cfg[4]}" if hint else ""
         return (f"fk::norm_fwd<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {vec}, {items}, {warps}, {_b(rms)}, "
                 f"{_b(plain_w)}{tail}>")
-    threads = looped_threads(cfg)
-    tail = f", {threads}" if threads != LOOPED_THREADS else ""
-    return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}{tail}>"
-
-
-def looped_threads(cfg) -> int:
-    """The block of a looped forward config ("looped", vec[, threads]): one row per block, LOOPED_THREADS
-    unless the config names fewer (the two-pass candidates of tools/sweep_norms.py)."""
-    return cfg[2] if len(cfg) > 2 else LOOPED_THREADS
+    return f"fk::norm_fwd_looped<{CXX[x_dt]}, {CXX[w_dt]}, {CXX[o_dt]}, {cfg[1]}, {_b(rms)}>"
 
 
 def fwd_fp8_expr(cfg, x_dt, w_dt, fmt, rms, *, plain_w, persistent=True, N=None) -> str:
@@ -381,7 +367,7 @@ def _fwd_plan(N, x_dt, w_dt, o_dt, rms, device, config, max_vec, plain_w):
         warps = cfg[3]
         rpb, block = rows_per_block(warps), (32 * warps, rows_per_block(warps))
     else:                 # looped: one row per block
-        rpb, block = 1, (looped_threads(cfg), 1)
+        rpb, block = 1, (1024, 1)
     _log_config("norm_fwd", expr, f"rows/{rpb}", block)
     return Launcher(k.kernel, "ppppppppqifi", device), block, rpb
 
@@ -662,9 +648,6 @@ def all_expressions():
                         if registers_fp8_one_group(N, x_dt, w_dt):  # FWD_FP8_WAVES = None (sweep, tests)
                             exprs[FILE].add(fwd_fp8_expr(f8, x_dt, w_dt, "e4m3", rms, plain_w=plain_w,
                                                          persistent=False, N=N))
-                    if x_dt == w_dt == "bfloat16":  # the sweep's two-pass candidates
-                        exprs[FILE].update(fwd_expr(c, x_dt, w_dt, x_dt, rms, plain_w=True)
-                                           for c in LOOPED_FWD_CANDIDATES.get(N, ()))
                     for pipe, merge, split in ((False, 1, 2), (True, 1, 2), (False, 2, 2), (False, 1, 4)):
                         # pair kernels the tests force
                         pair = (pair_from_half(N, ITEMSIZE[x_dt], rms, pipe, merge, split)
