@@ -32,7 +32,15 @@ X="4096:('rows', 8, 2, 8, 8);4096:('rows', 8, 1, 16, 4);8192:('rows', 8, 4, 8, 5
 X="$X;8192:('rows', 8, 2, 16, 1);8192:('rows', 8, 2, 16, 4);16384:('rows', 8, 4, 16, 3);16384:('rows', 8, 2, 32, 2)"
 SWEEP_TUNED_ONLY=1 SWEEP_DIRS=fwd SWEEP_NS=4096,8192,16384 SWEEP_PEERS=1 SWEEP_ROUNDS=3 SWEEP_EXTRA="$X" \
   timeout 300 python3 tools/sweep_norms.py "$OUT/sweep_fwd_occupancy.json" > "$OUT/sweep_fwd_occupancy.log" 2>&1
-tail -60 "$OUT/sweep_fwd_occupancy.log"
+python3 - "$OUT/sweep_fwd_occupancy.json" <<'PY'
+import collections, json, statistics, sys
+d = json.load(open(sys.argv[1]))
+t = collections.defaultdict(list)
+for r in d["results"]:
+    t[(r["N"], "rms" if r["rms"] else "ln", str(r["cfg"]), r["regs"])].append(r["of_copy"])
+for (n, op, cfg, regs), v in sorted(t.items()):
+    print(f"OCC {op:3s} {n:6d} {cfg:34s} regs={regs} median {statistics.median(v):.3f} rounds " + " ".join(f"{x:.3f}" for x in v))
+PY
 
 case "$G" in *H200*) ;; *) echo "not an H200: the benchmark skipped"; exit 0;; esac
 # 3. The norm benchmark with device-bound peers (the 2026-12-07 12:55Z run's forward + backward peers
