@@ -175,17 +175,16 @@ struct Fp8Out {
 // FULL (a kernel template flag, chosen by the host): N == ITEMS * T_ROW * VEC, every vector slot of the
 // thread holds a column, so the per-vector bounds tests go (A/B 2110Z: plain LayerNorm forward +2 %,
 // LayerNorm -> FP8 +3-4 % at 4096 and 8192).
-// One vector of a row: evict-first (STREAM), plain ld.global (the FK_LDG_COHERENT experiment) or the
-// compiler's read-only load.
-template <typename T, int VEC, bool STREAM>
+// One vector of a row: plain ld.global (the FK_LDG_COHERENT experiment), no L1 allocation (FK_NORM_L1
+// bit 2) or the compiler's read-only load.
+template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
-  if constexpr (STREAM) return load_vec_stream<T, VEC>(p);
-  else if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
+  if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
   else if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1<false, T, VEC>(p);
   else return load_vec<T, VEC>(p);
 }
 
-template <typename T, int VEC, int ITEMS, int T_ROW, bool STREAM = true, bool FULL = false>
+template <typename T, int VEC, int ITEMS, int T_ROW, bool FULL = false>
 __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
                                          const T* __restrict__ residual, T* __restrict__ sum_out,
                                          long long row, bool row_ok, int N) {
@@ -195,9 +194,9 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
-      raw[i] = load_row_vec<T, VEC, STREAM>(x + base + (long long)v * VEC);
+      raw[i] = load_row_vec<T, VEC>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
-        const Vec<T, VEC> r = load_row_vec<T, VEC, STREAM>(residual + base + (long long)v * VEC);
+        const Vec<T, VEC> r = load_row_vec<T, VEC>(residual + base + (long long)v * VEC);
         Vec<T, VEC> h;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h.v[j] = from_float<T>(vec_elem(raw[i], j) + vec_elem(r, j));
@@ -322,7 +321,7 @@ norm_fwd(const T* __restrict__ x, const T* __restrict__ residual, const W* __res
                 int zero_centered) {
   const long long row = (long long)blockIdx.x * RowsPerBlock<WARPS>::value + threadIdx.y;
   Vec<T, VEC> a[ITEMS];
-  load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
+  load_row<T, VEC, ITEMS, 32 * WARPS, FULL>(a, x, residual, sum_out, row, row < M, N);
   typename PlainOut<O>::State st;
   int parity = 0;
   normalize_row<T, W, PlainOut<O>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
@@ -371,7 +370,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
   if constexpr (!PERSISTENT) {
     const long long row = (long long)blockIdx.x * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
-    load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
+    load_row<T, VEC, ITEMS, 32 * WARPS, FULL>(a, x, residual, sum_out, row, row < M, N);
     normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
                                                                            row < M, N, eps, zero_centered, parity);
     warp_amax_merge(st.amax, amax_out);
@@ -402,7 +401,7 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     }
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
-    load_row<T, VEC, ITEMS, 32 * WARPS, false, FULL>(a, x, residual, sum_out, row, row < M, N);
+    load_row<T, VEC, ITEMS, 32 * WARPS, FULL>(a, x, residual, sum_out, row, row < M, N);
     normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
                                                                            row < M, N, eps, zero_centered, parity);
   }
