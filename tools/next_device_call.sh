@@ -3,7 +3,7 @@
 # (docs/perf_notes.rst, the latest session's section, says why each part is there). Every part writes
 # under its own folder of $OUT and prints a summary; a call cut short still returns what finished.
 #   device call: cd .snap && bash tools/next_device_call.sh   (after bash tools/gpu_snapshot.sh; carry
-#   [".snap"]; about 420 s on an H200)
+#   [".snap"]; about 300 s on an H200; the benchmark part only with NEXT_BENCH=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -41,11 +41,12 @@ PY
 # of 2026-12-07 15:15Z (ab_norm_l1_H100_2026-12-07T1515Z.json) read bit 2 one point slower on every
 # plain forward and 5 points faster on LayerNorm -> FP8 at 8192.
 AB_OPTIONS="-DFK_NORM_L1=1;-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS="rms_norm_fwd,layer_norm_fwd 16384x8192,norm_fp8_fwd" \
-  AB_PEERS=1 AB_ROUNDS=2 timeout 150 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
+  AB_PEERS=1 AB_ROUNDS=2 timeout 130 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
 grep SUMMARY "$OUT/ab_norm_l1.log" | tail -40
 
 # 3. The norm benchmark with device-bound peers (the 2026-12-07 12:55Z run's forward + backward peers
 # were host-bound; is RMSNorm forward + backward at 16384 x 8192 at 1.2x Liger with PDL?).
+[ "${NEXT_BENCH:-0}" = 1 ] || exit 0
 OUT=$OUT/bench STAGES=bench BUDGET=100 BENCH_ARGS="--only _norm_fwd --rounds 3" \
   timeout 110 bash tools/gpu_check.sh > "$OUT/bench.log" 2>&1
 summary "$OUT/bench.log" 60
