@@ -91,15 +91,16 @@
 #endif
 // Experiment (0 = shipped): L1 eviction priorities in the register forwards (plain and FP8). Bit 1: the
 // weights (gamma, beta) load with L1::evict_last; bit 2: the row (x, residual) with L1::no_allocate
-// (common/vec.cuh load_vec_l1). Why: Nsight Compute of RMSNorm 16384 x 8192 on
-// the H200 (ncu_rms8192_H200_2026-12-07T1300Z.txt) reads an L1 hit rate of 33 % for ours against 49 % for
-// torch.compile's kernel, whose weight loads carry evict_last: the same requests (one weight vector per
-// row vector), so about a third of our weight loads miss L1 and wait for L2 after the row's barrier.
+// (common/vec.cuh load_vec_l1). Why it was written: Nsight Compute of RMSNorm 16384 x 8192 reads an L1 hit
+// rate of 33 % for ours against 49 % for torch.compile's kernel, on the H200 and the H100 alike
+// (ncu_rms8192_H200_2026-12-07T1300Z.txt, ncu_rms8192_H100_2026-12-07T1650Z.txt), read then as a third of our
+// weight loads missing. The ratios say otherwise if the stores count as misses (they fit it exactly): ours is
+// x (miss), w (hit), y (miss) = 1/3, so every weight load hits already; torch.compile's two-pass kernel
+// re-reads x from L1 (x, x again, w, y: 2/4). H100 A/B (ab_norm_l1_H100_2026-12-07T1515Z.json): bit 2 costs a
+// point on every plain forward and on RMSNorm -> FP8 and gains 5 on LayerNorm -> FP8 at 8192 (its persistent
+// prefetching kernel); bit 1 adds nothing. The H200 A/B of that one case decides whether it stays.
 // A/B: AB_OPTIONS="-DFK_NORM_L1=1;-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS=norm AB_PEERS=1
-// tools/ab_nvrtc_options.py. H100 (ab_norm_l1_H100_2026-12-07T1515Z.json): bit 2 costs a point on every
-// plain forward and on RMSNorm -> FP8, gains 5 on LayerNorm -> FP8 at 8192; bit 1 adds nothing. (That
-// torch.compile's 49 % is its second pass re-reading x from L1, x loaded evict_last in the first, is
-// the other reading.) The H200 A/B decides.
+// tools/ab_nvrtc_options.py.
 #ifndef FK_NORM_L1
 #define FK_NORM_L1 0
 #endif
