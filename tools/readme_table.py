@@ -42,8 +42,8 @@ def newest_groups():
     groups = {}
     for date, f, res in gpu_results():
         mine = {}
+        marked = res.get("host_bound_ops", {})
         for r in res["rows"]:
-            marked = res.get("host_bound_ops", {})
             if r["op"] in marked or f"{r['op']}@{'x'.join(map(str, r['shape']))}" in marked:
                 continue
             mine.setdefault((r["op"], tuple(r["shape"])), {})[r["impl"]] = r

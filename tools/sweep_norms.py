@@ -44,9 +44,9 @@ PAIR_MERGES = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_MERGE", "1").spli
 PAIR_SPLITS = tuple(int(c) for c in os.environ.get("SWEEP_PAIR_SPLIT", "2").split(",") if c)
 EXTRA = [(int(n), ast.literal_eval(c))
          for n, c in (e.split(":", 1) for e in os.environ.get("SWEEP_EXTRA", "").split(";") if e)]
-# SWEEP_PEERS=1: the benchmark's torch.compile and Liger forwards (and the
-# public fusedkit call) timed beside the forward configs, in the same rounds. SWEEP_ROUNDS: the candidates
-# (and peers) timed that many times, interleaved.
+# SWEEP_PEERS=1: the benchmark's torch.compile and Liger forwards (and the public fusedkit call) timed
+# beside the forward configs, in the same rounds. SWEEP_ROUNDS: the candidates (and peers) timed that
+# many times, interleaved.
 PEERS = os.environ.get("SWEEP_PEERS", "0") == "1"
 ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "1"))
 OPS = tuple(os.environ.get("SWEEP_OPS", "ln,rms").split(","))  # SWEEP_OPS=rms: RMSNorm only
