@@ -424,21 +424,30 @@ __device__ __forceinline__ void mask_to_neg_inf(Vec<T, VEC> (&raw)[ITEMS], unsig
 // row of the persistent kernel.
 // FULL: the row fills every vector slot (N == ITEMS x 32 x WARPS x VEC, one CTA per row); the per-vector
 // bounds tests are compiled out (a row past M holds zeros and stores nothing).
+// KEEP_EXP (softmax only, FK_SOFTMAX_ONE_EXP): the sum pass's terms e = 2^(fma(x, c, -k_t)) (k_t this
+// thread's key) stay in fp32 registers, and the output is e * (2^(k_t - k) / s): one exponential per
+// element instead of two, at ITEMS x VEC more registers. The bits may differ from the two-exponential
+// form by an fp32 rounding (another product order).
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, bool LOG, int MASKING, typename MERGE,
-          bool FULL = false>
+          bool FULL = false, bool KEEP_EXP = false>
 __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEMS], unsigned long long bits,
                                                    O* __restrict__ y, long long base, bool row_ok, int v0,
                                                    int vend, float c, const MERGE& merge) {
   constexpr int T_ROW = 32 * WARPS;
+  constexpr bool KEEP = KEEP_EXP && !LOG;  // log-softmax's output pass has no exponential
   const float k = thread_key<T, VEC, ITEMS, T_ROW, MASKING, FULL>(raw, bits, v0, vend, c);
   const float k_loc = k == neg_inf() ? 0.f : k;
   float s = 0.f;
+  float e[KEEP ? ITEMS : 1][KEEP ? VEC : 1];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
     if (FULL || v0 + (int)threadIdx.x + i * T_ROW < vend)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        s += exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
+      for (int j = 0; j < VEC; ++j) {
+        const float t = exp2_nonpos(keyed_exponent<T, VEC, MASKING>(raw[i], j, bits, i * VEC + j, c, k_loc));
+        if constexpr (KEEP) e[i][j] = t;
+        s += t;
+      }
 
   int parity = 0;  // one reduction per row slot
   const MaxSum st = merge(row_merge<WARPS>(MaxSum{k, s}, parity));
@@ -446,15 +455,22 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   const float kg = st.k == neg_inf() ? 0.f : st.k;
   const float inv = st.s == 0.f ? 0.f : 1.f / st.s;
   const float log2_s = LOG ? log2f(st.s) : 0.f;
+  // KEEP: this thread's factor (0 where its terms are all 0: k_loc - kg may then be large; inv keeps a NaN)
+  const float f = KEEP ? (k == neg_inf() ? 0.f : exp2_nonpos(k_loc - kg)) * inv : 0.f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = v0 + threadIdx.x + i * T_ROW;
     if (FULL || v < vend) {
       Vec<O, VEC> out;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        out.v[j] = from_float<O>(softmax_out<LOG>(
-            keyed_exponent<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, c, kg), inv, log2_s));
+      for (int j = 0; j < VEC; ++j) {
+        if constexpr (KEEP) {
+          out.v[j] = from_float<O>(e[i][j] * f);
+        } else {
+          out.v[j] = from_float<O>(softmax_out<LOG>(
+              keyed_exponent<T, VEC, MASKING, 1>(raw[i], j, bits, i * VEC + j, c, kg), inv, log2_s));
+        }
+      }
       store_vec<O, VEC>(y + base + (long long)v * VEC, out);
     }
   }
@@ -543,8 +559,19 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // ceil(N / VEC / CLUSTER) x 16 bytes.
 // STAGES > 1: a ring of that many buffers, so the chunks of the next STAGES rows are in flight
 // (common/staged.cuh); dynamic shared memory STAGES times the chunk.
+// FK_SOFTMAX_ONE_EXP (experiment, default 0): 1 keeps the sum pass's exponentials in fp32 registers in
+// the staged forward (softmax_fwd_finish's KEEP_EXP), its register cap raised to 128 (one 512-thread CTA
+// an SM) where a thread holds more than 32 elements.
+#ifndef FK_SOFTMAX_ONE_EXP
+#define FK_SOFTMAX_ONE_EXP 0
+#endif
+template <int THREADS, int ELEMS, bool LOG>
+struct SoftmaxStagedMinBlocks {
+  static constexpr int value = FK_SOFTMAX_ONE_EXP != 0 && !LOG && ELEMS > 32 ? 1 : SoftmaxMinBlocks<THREADS>::value;
+};
+
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
-__global__ void __launch_bounds__(32 * WARPS, SoftmaxMinBlocks<32 * WARPS>::value)
+__global__ void __launch_bounds__(32 * WARPS, SoftmaxStagedMinBlocks<32 * WARPS, ITEMS * VEC, LOG>::value)
 softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
   constexpr int T_ROW = 32 * WARPS;
   extern __shared__ __align__(16) unsigned char softmax_stage[];
@@ -560,8 +587,8 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, true, ch.refill_row(row, M));
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(in[0], 0ull, y, row * (long long)N, true, ch.v0,
-                                                        ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, MailboxStep<CLUSTER>, false, FK_SOFTMAX_ONE_EXP != 0>(
+        in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
 }

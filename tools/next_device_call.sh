@@ -3,16 +3,32 @@
 # (docs/perf_notes.rst, the latest session's section, says why each part is there). Every part writes
 # under its own folder of $OUT and prints a summary; a call cut short still returns what finished.
 #   device call: cd .snap && bash tools/next_device_call.sh   (after bash tools/gpu_snapshot.sh; carry
-#   [".snap"]; about 300 s on an H200; the benchmark part only with NEXT_BENCH=1)
+#   [".snap"]; about 300 s on an H200 after part 0's 300 s; the benchmark part only with NEXT_BENCH=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
 export PYTHONPATH=.
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$G"
-# On an H100 every part below has run (15:15Z and 16:00Z): stop there
-case "$G" in *H200*) ;; *) echo "not an H200: nothing new to run here"; exit 0;; esac
 summary() { sed -n '/==== summary/,$p' "$1" | head -"$2"; }  # gpu_check.sh's closing summary of one part
+
+# 0. (any card) The staged softmax forward with one exponential per element (FK_SOFTMAX_ONE_EXP=1,
+# cuda/softmax.cu): the softmax GPU tests built with it, then its A/B at 512 x 262144 beside the
+# shipped build, at the shipped config (8, 16, 8: 113 registers with it, one CTA an SM) and at the
+# 32-element configs that keep the shipped occupancy (4, 16, 16: 60-62 registers, two CTAs an SM;
+# 4, 32, 8: one 1024-thread CTA), the backward as a control. SASS (NVRTC 13.0): 1384 -> 1200
+# instructions, MUFU.EX2 131 -> 68 at (8, 16, 8).
+OUT=$OUT/one_exp_tests STAGES=test BUDGET=150 TEST_OPTIONS="-DFK_SOFTMAX_ONE_EXP=1" \
+  PYTEST_ARGS="tests/test_softmax.py" PYTEST_K="not numpy and not torch_cpu" \
+  timeout 160 bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
+summary "$OUT/one_exp_tests.log" 12
+AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=1" AB_OPS=long_softmax AB_SOFTMAX_CFGS="8,4,16,16;8,4,32,8;8,4,16,16,2" \
+  AB_NUMERICS=1 AB_ROUNDS=3 timeout 150 python3 tools/ab_nvrtc_options.py "$OUT/ab_one_exp.json" \
+  > "$OUT/ab_one_exp.log" 2>&1
+grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -24
+
+# On an H100 every part below has run (15:15Z and 16:00Z): stop there
+case "$G" in *H200*) ;; *) echo "not an H200: nothing more to run here"; exit 0;; esac
 
 # 1. The plain forwards' occupancy at 4096 and 16384 (RMSNorm reads 0.99x the best peer there on the
 # H200; 8192 is settled: the 12:56Z H200 sweep read (2, 16, 4), 32 registers at full occupancy, 0.940
@@ -22,6 +38,7 @@ summary() { sed -n '/==== summary/,$p' "$1" | head -"$2"; }  # gpu_check.sh's cl
 # blocks of 512). Candidates with an occupancy hint (fifth field) or half the vectors per thread on
 # twice the warps, none spilling (-Xptxas=-v, NVRTC 13.0): 4096 (2, 8, 8) 32 registers, (1, 16, 4) 32;
 # 16384 (4, 16, 3) 40, (2, 32, 2) 32. Beside torch.compile and Liger, 3 rounds.
+[ "${NEXT_OCC:-1}" = 1 ] && {  # NEXT_OCC=0 skips this part
 X="4096:('rows', 8, 2, 8, 8);4096:('rows', 8, 1, 16, 4);16384:('rows', 8, 4, 16, 3);16384:('rows', 8, 2, 32, 2)"
 SWEEP_TUNED_ONLY=1 SWEEP_DIRS=fwd SWEEP_NS=4096,16384 SWEEP_PEERS=1 SWEEP_ROUNDS=3 SWEEP_EXTRA="$X" \
   timeout 150 python3 tools/sweep_norms.py "$OUT/sweep_fwd_occupancy.json" > "$OUT/sweep_fwd_occupancy.log" 2>&1
@@ -35,6 +52,7 @@ for (n, op, cfg, regs), v in sorted(t.items()):
     rounds = " ".join(f"{x:.3f}" for x in v)
     print(f"OCC {op:3s} {n:6d} {cfg:34s} regs={regs} median {statistics.median(v):.3f} rounds {rounds}")
 PY
+}
 
 # 2. The L1 policies of the norm forwards (FK_NORM_L1, cuda/norms.cu) beside torch.compile: the H100 A/B
 # of 2026-12-07 15:15Z (ab_norm_l1_H100_2026-12-07T1515Z.json) read bit 2 one point slower on every
