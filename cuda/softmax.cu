@@ -476,12 +476,25 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
   }
 }
 
+// FK_SOFTMAX_ONE_EXP (experiment, default 0): one exponential per element (softmax_fwd_finish's
+// KEEP_EXP). Bit 1: the staged forward, its register cap raised to 128 (one 512-thread CTA an SM) where a
+// thread holds more than 32 elements; bit 2: the register and cluster forwards where a thread holds at
+// most 32 elements (under their 64-register cap).
+#ifndef FK_SOFTMAX_ONE_EXP
+#define FK_SOFTMAX_ONE_EXP 0
+#endif
+template <int ITEMS, int VEC>
+struct SoftmaxRowKeepExp {
+  static constexpr bool value = (FK_SOFTMAX_ONE_EXP & 2) != 0 && ITEMS * VEC <= 32;
+};
+
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int MASKING,
           bool FULL = false>
 __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __restrict__ y, const MaskParams& mp,
                                                 long long row, bool row_ok, int N, float scale, int v0,
                                                 int vend, StatsBox<CLUSTER>* box) {
   constexpr int T_ROW = 32 * WARPS;
+  constexpr bool KEEP = SoftmaxRowKeepExp<ITEMS, VEC>::value;
   const long long base = row * (long long)N;
   RowMask rm{nullptr, (long long)N, 0u};
   if (row_ok) {
@@ -495,12 +508,12 @@ __device__ __forceinline__ void softmax_fwd_row(const T* __restrict__ x, O* __re
   if constexpr (MASKING != 0) {
     if (c > 0.f) {  // uniform over the launch
       mask_to_neg_inf<T, VEC, ITEMS>(raw, bits);
-      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0>(raw, 0ull, y, base, row_ok, v0, vend, c,
-                                                          OneShotMerge<CLUSTER>{box});
+      softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, OneShotMerge<CLUSTER>, false, KEEP>(
+          raw, 0ull, y, base, row_ok, v0, vend, c, OneShotMerge<CLUSTER>{box});
       return;
     }
   }
-  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, MASKING, OneShotMerge<CLUSTER>, FULL>(
+  softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, MASKING, OneShotMerge<CLUSTER>, FULL, KEEP>(
       raw, bits, y, base, row_ok, v0, vend, c, OneShotMerge<CLUSTER>{box});
 }
 
@@ -559,15 +572,10 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // ceil(N / VEC / CLUSTER) x 16 bytes.
 // STAGES > 1: a ring of that many buffers, so the chunks of the next STAGES rows are in flight
 // (common/staged.cuh); dynamic shared memory STAGES times the chunk.
-// FK_SOFTMAX_ONE_EXP (experiment, default 0): 1 keeps the sum pass's exponentials in fp32 registers in
-// the staged forward (softmax_fwd_finish's KEEP_EXP), its register cap raised to 128 (one 512-thread CTA
-// an SM) where a thread holds more than 32 elements.
-#ifndef FK_SOFTMAX_ONE_EXP
-#define FK_SOFTMAX_ONE_EXP 0
-#endif
 template <int THREADS, int ELEMS, bool LOG>
 struct SoftmaxStagedMinBlocks {
-  static constexpr int value = FK_SOFTMAX_ONE_EXP != 0 && !LOG && ELEMS > 32 ? 1 : SoftmaxMinBlocks<THREADS>::value;
+  static constexpr int value = (FK_SOFTMAX_ONE_EXP & 1) != 0 && !LOG && ELEMS > 32 ? 1
+                                                                                  : SoftmaxMinBlocks<THREADS>::value;
 };
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
@@ -587,7 +595,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, true, ch.refill_row(row, M));
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, MailboxStep<CLUSTER>, false, FK_SOFTMAX_ONE_EXP != 0>(
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, MailboxStep<CLUSTER>, false, (FK_SOFTMAX_ONE_EXP & 1) != 0>(
         in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();

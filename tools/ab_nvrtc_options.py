@@ -24,8 +24,8 @@ JSON to argv[1].
     AB_OPTIONS="-DFK_SOFTMAX_FULL=1" AB_OPS=softmax AB_PEERS=1 ...   (softmax forwards, torch.compile / Liger)
     AB_OPTIONS="-DFK_STAGED_PIECES=2;-DFK_STAGED_PIECES=4" AB_OPS=long_ ...   (the persistent staged
         softmax / cross-entropy kernels at their long rows; named only, as they allocate ~10 GB)
-    AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=1" AB_OPS=long_softmax_fwd AB_SOFTMAX_CFGS="8,4,16,16" AB_NUMERICS=1 ...
-        (the staged softmax forward with one exponential per element, also at other staged configs)
+    AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" AB_OPS=softmax,long_softmax AB_SOFTMAX_CFGS="262144:staged,8,4,16,16"
+        AB_NUMERICS=1 ...   (softmax forwards with one exponential per element, also at other configs)
 
 Until 2026-12-04 21:10Z the switch between variants left the norms' plan caches (cuda_norms._fwd_plans,
 _fwd_fp8_plans) in place, so the norm rows of every variant ran the shipped kernels (runs 1935Z and
@@ -120,18 +120,22 @@ def cases():
         ys = fk.softmax(xs)
         dys = torch.randn(M, N, device="cuda", generator=g).to(torch.bfloat16)
         out.append((f"long_softmax_fwd {M}x{N}", 4 * M * N, lambda: fk.softmax(xs)))
-        # AB_SOFTMAX_CFGS="8,4,16,16;8,4,32,8": the same forward with other staged configs (vec, items, warps,
-        # C[, stages]), each timed in every variant
+        out.append(("long_softmax_fwd 2048x65536", 4 * 2**27,
+                    lambda x=xs.view(2048, 65536): fk.softmax(x)))
+        # AB_SOFTMAX_CFGS="262144:staged,8,4,16,16;65536:cluster,8,4,32,2": the forward of 2^27 elements at
+        # row length N with other configs (cuda_softmax's tuples), each timed in every variant
         from fusedkit.backends import cuda_softmax as csm
         stream = torch.cuda.current_stream().cuda_stream
         for spec in filter(None, os.environ.get("AB_SOFTMAX_CFGS", "").split(";")):
-            cfg = ("staged",) + tuple(int(f) for f in spec.split(","))
+            n, _, fields = spec.partition(":")
+            kind, *nums = fields.split(",")
+            cfg, n = (kind,) + tuple(int(f) for f in nums), int(n)
 
-            def run(cfg=cfg, y=torch.empty_like(xs), M=M, N=N):
-                csm.forward(xs.data_ptr(), 0, y.data_ptr(), M, N, "bfloat16", "bfloat16", 1.0, False,
+            def run(cfg=cfg, y=torch.empty_like(xs), n=n):
+                csm.forward(xs.data_ptr(), 0, y.data_ptr(), 2**27 // n, n, "bfloat16", "bfloat16", 1.0, False,
                             csm.MASK_NONE, csm.NO_MASK, 0, stream, config=cfg)
                 return y
-            out.append((f"long_softmax_fwd {M}x{N} {spec}", 4 * M * N, run))
+            out.append((f"long_softmax_fwd {2**27 // n}x{n} {fields}", 4 * 2**27, run))
         out.append((f"long_softmax_bwd {M}x{N}", 6 * M * N, lambda: fk.softmax_backward(dys, ys)))
         for M, N, cfg in ((16384, 32768, None), (8192, 131072, None), (4096, 262144, None),
                           (4096, 262144, ("persistent", 8, 8, 16, 8))):
