@@ -13,22 +13,25 @@ echo "$G"
 summary() { sed -n '/==== summary/,$p' "$1" | head -"$2"; }  # gpu_check.sh's closing summary of one part
 
 # 0. (any card) Softmax forwards with one exponential per element (FK_SOFTMAX_ONE_EXP=3, cuda/softmax.cu):
-# the softmax GPU tests built with it, then its A/B beside the shipped build: the register forwards at
-# 1024-16384 (those of at most 32 elements a thread take it), 512 x 262144 at the shipped staged config
-# (8, 16, 8: 113 registers with it, one CTA an SM) and at 32-element configs that keep two CTAs an SM
-# (4, 16, 16: 60-62 registers) or one 1024-thread CTA (4, 32, 8); 2048 x 65536 shipped (64 elements a
-# thread: unchanged) beside a cluster of 2 x 1024 threads x 32 elements and a staged 4 x 512; the
-# backward as a control. SASS (NVRTC 13.0), staged (8, 16, 8): 1384 -> 1200 instructions, MUFU.EX2
-# 131 -> 68.
-OUT=$OUT/one_exp_tests STAGES=test BUDGET=170 TEST_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" \
-  PYTEST_ARGS="tests/test_softmax.py" PYTEST_K="not numpy and not torch_cpu" \
-  timeout 180 bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
-summary "$OUT/one_exp_tests.log" 12
+# its A/B beside the shipped build, then the softmax GPU tests and compute-sanitizer built with it. A/B:
+# the register forwards at 1024-16384 (those of at most 32 elements a thread take it), 512 x 262144 at
+# the shipped staged config (8, 16, 8: 113 registers with it, one CTA an SM) and at 32-element configs
+# that keep two CTAs an SM (4, 16, 16: 60-62 registers) or one 1024-thread CTA (4, 32, 8); 2048 x 65536
+# shipped (64 elements a thread: unchanged) beside a cluster of 2 x 1024 threads x 32 elements and a
+# staged 4 x 512; the backward as a control. SASS (NVRTC 13.0), staged (8, 16, 8): 1384 -> 1200
+# instructions, MUFU.EX2 131 -> 68.
 C="262144:staged,8,4,16,16;262144:staged,8,4,32,8;262144:staged,8,4,16,16,2;65536:cluster,8,4,32,2"
 AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C;65536:staged,8,4,16,4" \
   AB_NUMERICS=1 AB_ROUNDS=3 timeout 200 python3 tools/ab_nvrtc_options.py "$OUT/ab_one_exp.json" \
   > "$OUT/ab_one_exp.log" 2>&1
 grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -30
+OUT=$OUT/one_exp_tests STAGES=test BUDGET=160 TEST_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" \
+  PYTEST_ARGS="tests/test_softmax.py" PYTEST_K="not numpy and not torch_cpu" \
+  timeout 170 bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
+summary "$OUT/one_exp_tests.log" 12
+[ "${NEXT_SANITIZE:-1}" = 1 ] && FUSEDKIT_NVRTC_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" OUT=$OUT/one_exp_sanitize \
+  STAGES=sanitize SANITIZE=softmax BUDGET=140 timeout 150 bash tools/gpu_check.sh > "$OUT/one_exp_sanitize.log" 2>&1
+summary "$OUT/one_exp_sanitize.log" 12
 
 # On an H100 every part below has run (15:15Z and 16:00Z): stop there
 case "$G" in *H200*) ;; *) echo "not an H200: nothing more to run here"; exit 0;; esac
