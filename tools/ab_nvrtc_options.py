@@ -211,8 +211,10 @@ def output_bytes(res):
     ts = res if isinstance(res, (tuple, list)) else (res,)
     got = []
     for t in ts:
-        if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16:  # the GEMM's bf16 output, as bits
-            got.append(t.view(torch.int16))
+        if isinstance(t, torch.Tensor):  # a bf16 output (GEMM, softmax) as bits; a tensor's .data is itself
+            if t.dtype == torch.bfloat16:
+                got.append(t.view(torch.int16))
+            continue
         for name in ("data", "data_t"):
             a = getattr(t, name, None)
             if a is not None and hasattr(a, "dtype"):
