@@ -177,7 +177,7 @@ def peers(cs):
     torch._dynamo.config.recompile_limit = 64
     out = []
     for name, nbytes, _ in cs:
-        op, shape = name.split()
+        op, shape = name.split()[:2]  # a per-config case names its config third
         if op.startswith("fp8_gemm"):  # cuBLASLt in the same accumulation mode; block: our per-tensor split
             M, K, N = (int(v) for v in shape.split("x"))
             label = {"fp8_gemm_block": "fusedkit_per_tensor",

@@ -25,10 +25,12 @@ case "$G" in *H200*) ;; *) echo "not an H200: nothing new to run here"; exit 0;;
 # (ab_one_exp_H100_2026-12-07T1900Z.json): shipped config 0.921 -> 0.922, 32-element configs +0.6 to
 # +1.3 points (still below the shipped config), 65536 cluster +1.0; the short rows tie. The softmax
 # tests and compute-sanitizer built with it passed there (gpu_tests_one_exp3_H100_2026-12-07T1901Z.txt);
-# NEXT_TESTS=1 runs them again here.
+# NEXT_TESTS=1 runs them again here. Beside it, FK_SOFTMAX_FULL=1 (the register forwards' bounds tests
+# compiled out where N fills the config; never timed on an H200) and torch.compile / Liger (AB_PEERS).
 C="262144:staged,8,4,16,16;262144:staged,8,4,32,8;262144:staged,8,4,16,16,2;262144:staged,8,4,32,8,2"
 C="$C;65536:cluster,8,4,32,2;65536:staged,8,4,16,4;65536:staged,8,4,16,4,2"
-AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C" \
+F="-DFK_SOFTMAX_FULL=1 @ 131072x1024,32768x4096,16384x8192,8192x16384"  # the register forwards' FULL
+AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$F" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C" AB_PEERS=1 \
   AB_NUMERICS=1 AB_ROUNDS=3 timeout 200 python3 tools/ab_nvrtc_options.py "$OUT/ab_one_exp.json" \
   > "$OUT/ab_one_exp.log" 2>&1
 grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -40
