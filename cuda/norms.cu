@@ -77,18 +77,6 @@
 #ifndef FK_FP8_FWD_PREFETCH
 #define FK_FP8_FWD_PREFETCH 1
 #endif
-// Experiment (0 = shipped): FK_LDG_COHERENT = 1 loads the row (x, residual) of the plain and FP8 forwards
-// with plain ld.global.v4 (common/vec.cuh load_vec_coherent) instead of the read-only ld.global.nc the
-// compiler picks for const __restrict__ inputs (the weights keep it). Triton's kernels load that way:
-// torch.compile's RMSNorm forward at 16384 x 8192 (0.978 of copy on the H200 against our 0.93) has, at
-// 8 warps, our registers (63), occupancy, loads and stores per thread (compiled offline, Triton 3.9);
-// the load form is the visible difference. A/B: AB_OPTIONS="-DFK_LDG_COHERENT=1" AB_OPS=norm_fwd
-// AB_PEERS=1 tools/ab_nvrtc_options.py. Measured on an H100 only (ab_coherent_2026-12-06T0210Z.json):
-// every shape within 0.001 of copy, but there torch.compile leads by 1.2 points, not the H200's 5; the
-// H200 A/B decides.
-#ifndef FK_LDG_COHERENT
-#define FK_LDG_COHERENT 0
-#endif
 // Experiment (0 = shipped): L1 eviction priorities in the register forwards (plain and FP8). Bit 1: the
 // weights (gamma, beta) load with L1::evict_last; bit 2: the row (x, residual) with L1::no_allocate
 // (common/vec.cuh load_vec_l1). Why it was written: Nsight Compute of RMSNorm 16384 x 8192 reads an L1 hit
@@ -179,12 +167,12 @@ struct Fp8Out {
 // FULL (a kernel template flag, chosen by the host): N == ITEMS * T_ROW * VEC, every vector slot of the
 // thread holds a column, so the per-vector bounds tests go (A/B 2110Z: plain LayerNorm forward +2 %,
 // LayerNorm -> FP8 +3-4 % at 4096 and 8192).
-// One vector of a row: plain ld.global (the FK_LDG_COHERENT experiment), no L1 allocation (FK_NORM_L1
-// bit 2) or the compiler's read-only load.
+// One vector of a row: no L1 allocation (FK_NORM_L1 bit 2) or the compiler's read-only load. (Plain
+// ld.global instead, torch.compile's load form, tied on the H100 and the H200 and was removed:
+// ab_pieces_ldg_coherent_H200_2026-12-06T2335Z.json.)
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
-  if constexpr (FK_LDG_COHERENT != 0) return load_vec_coherent<T, VEC>(p);
-  else if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1<false, T, VEC>(p);
+  if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1<false, T, VEC>(p);
   else return load_vec<T, VEC>(p);
 }
 

@@ -18,20 +18,6 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   return *reinterpret_cast<const Vec<T, N>*>(p);
 }
 
-// A 16-byte load as plain ld.global.v4 (SASS LDG.E.128), where load_vec on a const __restrict__ input
-// becomes the read-only ld.global.nc (LDG.E.128.CONSTANT); other widths as load_vec. For the
-// FK_LDG_COHERENT experiment of the norm forwards (cuda/norms.cu load_row).
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_coherent(const T* p) {
-  if constexpr (sizeof(Vec<T, N>) == 16) {
-    uint4 u;
-    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
-    return *reinterpret_cast<Vec<T, N>*>(&u);
-  } else {
-    return load_vec<T, N>(p);
-  }
-}
-
 // Load of data read exactly once: ld.global.cs (evict first) when FK_STREAM_LOADS=1 (default), else a
 // plain load. Measured on the H200 (benchmarks/results/*_plainloads.json, sweep_*_nocs.json) plain
 // loads are 8-16% faster, but with them ptxas (NVRTC 13.5) spills 4-24 bytes in several norm kernels
