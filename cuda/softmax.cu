@@ -483,6 +483,7 @@ __device__ __forceinline__ void softmax_fwd_finish(const Vec<T, VEC> (&raw)[ITEM
 #ifndef FK_SOFTMAX_ONE_EXP
 #define FK_SOFTMAX_ONE_EXP 0
 #endif
+constexpr bool kStagedKeepExp = (FK_SOFTMAX_ONE_EXP & 1) != 0;
 template <int ITEMS, int VEC>
 struct SoftmaxRowKeepExp {
   static constexpr bool value = (FK_SOFTMAX_ONE_EXP & 2) != 0 && ITEMS * VEC <= 32;
@@ -572,10 +573,11 @@ softmax_fwd_cluster(FK_SOFTMAX_FWD_PARAMS) {
 // ceil(N / VEC / CLUSTER) x 16 bytes.
 // STAGES > 1: a ring of that many buffers, so the chunks of the next STAGES rows are in flight
 // (common/staged.cuh); dynamic shared memory STAGES times the chunk.
+// The staged forward's occupancy hint: SoftmaxMinBlocks, or 1 (128 registers) where it keeps more than
+// 32 exponentials a thread (kStagedKeepExp).
 template <int THREADS, int ELEMS, bool LOG>
 struct SoftmaxStagedMinBlocks {
-  static constexpr int value = (FK_SOFTMAX_ONE_EXP & 1) != 0 && !LOG && ELEMS > 32 ? 1
-                                                                                  : SoftmaxMinBlocks<THREADS>::value;
+  static constexpr int value = kStagedKeepExp && !LOG && ELEMS > 32 ? 1 : SoftmaxMinBlocks<THREADS>::value;
 };
 
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
@@ -595,7 +597,7 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];
     ch.take_row(in, true, ch.refill_row(row, M));
-    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, MailboxStep<CLUSTER>, false, (FK_SOFTMAX_ONE_EXP & 1) != 0>(
+    softmax_fwd_finish<T, O, VEC, ITEMS, WARPS, LOG, 0, MailboxStep<CLUSTER>, false, kStagedKeepExp>(
         in[0], 0ull, y, row * (long long)N, true, ch.v0, ch.vend, c, MailboxStep<CLUSTER>{&box, step, rank});
   }
   staged_close<CLUSTER>();
