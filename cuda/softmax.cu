@@ -59,9 +59,9 @@
 // per element), 656 now.
 // Variants considered: a max reduction followed by a sum reduction (two barrier rounds: dropped for the
 // online merge); a prescaled v * log2(e) against a natural-unit max (its rounding did not cancel: ~1e-3
-// absolute in the exponent at offsets of 1e4; the keyed form above fixes that); keeping exp(v - m) in fp32
-// registers between passes (doubles the register footprint: dropped); staging rows through shared memory
-// with bulk copies (see cross_entropy.cu's ce_fwd_staged).
+// absolute in the exponent at offsets of 1e4; the keyed form above fixes that); keeping the sum pass's
+// exponentials in fp32 registers for the output (the FK_SOFTMAX_ONE_EXP experiment below, off until an
+// H200 A/B); staging rows through shared memory with bulk copies (see cross_entropy.cu's ce_fwd_staged).
 #include "common/dtypes.cuh"
 #include "common/vec.cuh"
 #include "common/reduce.cuh"
