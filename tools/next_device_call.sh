@@ -41,6 +41,12 @@ if [ "${NEXT_TESTS:-0}" = 1 ]; then
     timeout 170 bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
   summary "$OUT/one_exp_tests.log" 12
 fi
+# 0b. Fill / drain and the tail of 512 rows on G clusters, on the H200 (the H100's: 7.9 us fixed, 11.0 us a
+# step; 512 rows on 30 clusters are 18 steps where 17.07 would do). Shipped build; beside it the ring
+# (4, 32 warps, 8 CTAs, 2 buffers), the H200's best staged config (0.864).
+PROBE_FWD_CONFIGS="8,4,32,8,2" timeout 90 python3 tools/probe_staged_rows.py "$OUT/probe_staged_rows.json" \
+  > "$OUT/probe_staged_rows.log" 2>&1
+grep -E "per step|rc=|Error" "$OUT/probe_staged_rows.log" | head -12
 
 # 1. The plain forwards' occupancy at 4096 and 16384 (RMSNorm reads 0.99x the best peer there on the
 # H200; 8192 is settled: the 12:56Z H200 sweep read (2, 16, 4), 32 registers at full occupancy, 0.940
