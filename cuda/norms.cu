@@ -86,7 +86,9 @@
 // x (miss), w (hit), y (miss) = 1/3, so every weight load hits already; torch.compile's two-pass kernel
 // re-reads x from L1 (x, x again, w, y: 2/4). H100 A/B (ab_norm_l1_H100_2026-12-07T1515Z.json): bit 2 costs a
 // point on every plain forward and on RMSNorm -> FP8 and gains 5 on LayerNorm -> FP8 at 8192 (its persistent
-// prefetching kernel); bit 1 adds nothing. The H200 A/B of that one case decides whether it stays.
+// prefetching kernel); bit 1 adds nothing. The H200 A/B of that one case decides whether it stays. Bit 3
+// (4): bit 2 in the prefetching FP8 forwards alone (the kernels whose rows the L2 already holds), the
+// plain forwards as shipped.
 // A/B: AB_OPTIONS="-DFK_NORM_L1=1;-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS=norm AB_PEERS=1
 // tools/ab_nvrtc_options.py.
 #ifndef FK_NORM_L1
@@ -167,16 +169,16 @@ struct Fp8Out {
 // FULL (a kernel template flag, chosen by the host): N == ITEMS * T_ROW * VEC, every vector slot of the
 // thread holds a column, so the per-vector bounds tests go (A/B 2110Z: plain LayerNorm forward +2 %,
 // LayerNorm -> FP8 +3-4 % at 4096 and 8192).
-// One vector of a row: no L1 allocation (FK_NORM_L1 bit 2) or the compiler's read-only load. (Plain
-// ld.global instead, torch.compile's load form, tied on the H100 and the H200 and was removed:
+// One vector of a row: no L1 allocation (FK_NORM_L1 bit 2, or NO_L1) or the compiler's read-only load.
+// (Plain ld.global instead, torch.compile's load form, tied on the H100 and the H200 and was removed:
 // ab_pieces_ldg_coherent_H200_2026-12-06T2335Z.json.)
-template <typename T, int VEC>
+template <typename T, int VEC, bool NO_L1 = false>
 __device__ __forceinline__ Vec<T, VEC> load_row_vec(const T* p) {
-  if constexpr ((FK_NORM_L1 & 2) != 0) return load_vec_l1<false, T, VEC>(p);
+  if constexpr ((FK_NORM_L1 & 2) != 0 || NO_L1) return load_vec_l1<false, T, VEC>(p);
   else return load_vec<T, VEC>(p);
 }
 
-template <typename T, int VEC, int ITEMS, int T_ROW, bool FULL = false>
+template <typename T, int VEC, int ITEMS, int T_ROW, bool FULL = false, bool NO_L1 = false>
 __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __restrict__ x,
                                          const T* __restrict__ residual, T* __restrict__ sum_out,
                                          long long row, bool row_ok, int N) {
@@ -186,9 +188,9 @@ __device__ __forceinline__ void load_row(Vec<T, VEC> (&raw)[ITEMS], const T* __r
   for (int i = 0; i < ITEMS; ++i) {
     const int v = threadIdx.x + i * T_ROW;
     if (row_ok && ((FULL && FK_FULL_ROWS) || v < nvec)) {
-      raw[i] = load_row_vec<T, VEC>(x + base + (long long)v * VEC);
+      raw[i] = load_row_vec<T, VEC, NO_L1>(x + base + (long long)v * VEC);
       if (residual != nullptr) {
-        const Vec<T, VEC> r = load_row_vec<T, VEC>(residual + base + (long long)v * VEC);
+        const Vec<T, VEC> r = load_row_vec<T, VEC, NO_L1>(residual + base + (long long)v * VEC);
         Vec<T, VEC> h;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) h.v[j] = from_float<T>(vec_elem(raw[i], j) + vec_elem(r, j));
@@ -393,7 +395,8 @@ norm_fwd_fp8(const T* __restrict__ x, const T* __restrict__ residual, const W* _
     }
     const long long row = (long long)g * RPB + threadIdx.y;
     Vec<T, VEC> a[ITEMS];
-    load_row<T, VEC, ITEMS, 32 * WARPS, FULL>(a, x, residual, sum_out, row, row < M, N);
+    load_row<T, VEC, ITEMS, 32 * WARPS, FULL, PREFETCH && (FK_NORM_L1 & 4) != 0>(a, x, residual, sum_out, row,
+                                                                                row < M, N);
     normalize_row<T, W, Fp8Out<F>, VEC, ITEMS, WARPS, RMS, PLAIN_W, FULL>(a, w, b, y, st, mean_out, rstd_out, row,
                                                                            row < M, N, eps, zero_centered, parity);
   }
