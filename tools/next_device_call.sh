@@ -3,7 +3,8 @@
 # (docs/perf_notes.rst, the latest session's section, says why each part is there). Every part writes
 # under its own folder of $OUT and prints a summary; a call cut short still returns what finished.
 #   device call: cd .snap && bash tools/next_device_call.sh   (after bash tools/gpu_snapshot.sh; carry
-#   [".snap"]; about 300 s on an H200; NEXT_OCC=0 skips part 1, the benchmark part only with NEXT_BENCH=1)
+#   [".snap"]; run order 0, 0b, 2, 1, 0c, about 450 s on an H200 without 0c, which takes what is left of 560 s;
+#   NEXT_OCC=0 / NEXT_AB=0 skip parts 1 / 2, NEXT_TESTS=1 runs 0c, NEXT_BENCH=1 part 3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?the device tool sets OUT}
@@ -35,18 +36,25 @@ AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$F" AB_OPS=softmax_fwd,long_softmax AB_SOFTMA
   AB_NUMERICS=1 AB_ROUNDS=3 timeout 200 python3 tools/ab_nvrtc_options.py "$OUT/ab_one_exp.json" \
   > "$OUT/ab_one_exp.log" 2>&1
 grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -40
-if [ "${NEXT_TESTS:-0}" = 1 ]; then
-  OUT=$OUT/one_exp_tests STAGES=test BUDGET=160 TEST_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" \
-    PYTEST_ARGS="tests/test_softmax.py" PYTEST_K="not numpy and not torch_cpu" \
-    timeout 170 bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
-  summary "$OUT/one_exp_tests.log" 12
-fi
 # 0b. Fill / drain and the tail of 512 rows on G clusters, on the H200 (the H100's: 7.9 us fixed, 11.0 us a
 # step; 512 rows on 30 clusters are 18 steps where 17.07 would do). Shipped build; beside it the ring
 # (4, 32 warps, 8 CTAs, 2 buffers), the H200's best staged config (0.864).
 PROBE_FWD_CONFIGS="8,4,32,8,2" timeout 90 python3 tools/probe_staged_rows.py "$OUT/probe_staged_rows.json" \
   > "$OUT/probe_staged_rows.log" 2>&1
 grep -E "per step|rc=|Error" "$OUT/probe_staged_rows.log" | head -12
+
+# 2. The L1 policies of the norm forwards (FK_NORM_L1, cuda/norms.cu) beside torch.compile: the H100 A/B
+# of 2026-12-07 15:15Z (ab_norm_l1_H100_2026-12-07T1515Z.json) read bit 2 one point slower on every
+# plain forward and 5 points faster on LayerNorm -> FP8 at 8192 (the case that decides; its premise,
+# missing weight loads, was refuted by the H100 ncu of 16:50Z: see cuda/norms.cu). Bit 3 (=4): bit 2 in the
+# prefetching FP8 forwards alone (same SASS as =2 there), so the plain forwards keep their point; bit 1
+# (nothing on the H100) left out.
+[ "${NEXT_AB:-1}" = 1 ] && {  # NEXT_AB=0 skips this part
+AB_OPTIONS="-DFK_NORM_L1=2;-DFK_NORM_L1=4" \
+  AB_OPS="rms_norm_fwd,layer_norm_fwd 16384x8192,norm_fp8_fwd" AB_PEERS=1 AB_ROUNDS=2 \
+  timeout 130 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
+grep SUMMARY "$OUT/ab_norm_l1.log" | tail -40
+}
 
 # 1. The plain forwards' occupancy at 4096 and 16384 (RMSNorm reads 0.99x the best peer there on the
 # H200; 8192 is settled: the 12:56Z H200 sweep read (2, 16, 4), 32 registers at full occupancy, 0.940
@@ -72,17 +80,14 @@ for (n, op, cfg, regs), v in sorted(t.items()):
 PY
 }
 
-# 2. The L1 policies of the norm forwards (FK_NORM_L1, cuda/norms.cu) beside torch.compile: the H100 A/B
-# of 2026-12-07 15:15Z (ab_norm_l1_H100_2026-12-07T1515Z.json) read bit 2 one point slower on every
-# plain forward and 5 points faster on LayerNorm -> FP8 at 8192 (the case that decides; its premise,
-# missing weight loads, was refuted by the H100 ncu of 16:50Z: see cuda/norms.cu). Bit 3 (=4): bit 2 in the
-# prefetching FP8 forwards alone (same SASS as =2 there), so the plain forwards keep their point; bit 1
-# (nothing on the H100) left out.
-[ "${NEXT_AB:-1}" = 1 ] || exit 0  # NEXT_AB=0: the occupancy sweep alone (about 60 s)
-AB_OPTIONS="-DFK_NORM_L1=2;-DFK_NORM_L1=4" \
-  AB_OPS="rms_norm_fwd,layer_norm_fwd 16384x8192,norm_fp8_fwd" AB_PEERS=1 AB_ROUNDS=2 \
-  timeout 130 python3 tools/ab_nvrtc_options.py "$OUT/ab_norm_l1.json" > "$OUT/ab_norm_l1.log" 2>&1
-grep SUMMARY "$OUT/ab_norm_l1.log" | tail -40
+# 0c. The softmax GPU tests built with FK_SOFTMAX_ONE_EXP=3 (NEXT_TESTS=1; last: they need only be run
+# again where part 0 makes the case for adopting it), in what is left of a 590 s call.
+if [ "${NEXT_TESTS:-0}" = 1 ] && [ $((560 - SECONDS)) -gt 60 ]; then
+  OUT=$OUT/one_exp_tests STAGES=test BUDGET=$((550 - SECONDS)) TEST_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3" \
+    PYTEST_ARGS="tests/test_softmax.py" PYTEST_K="not numpy and not torch_cpu" \
+    timeout $((560 - SECONDS)) bash tools/gpu_check.sh > "$OUT/one_exp_tests.log" 2>&1
+  summary "$OUT/one_exp_tests.log" 12
+fi
 
 # 3. The norm benchmark with device-bound peers (the 2026-12-07 12:55Z run's forward + backward peers
 # were host-bound; is RMSNorm forward + backward at 16384 x 8192 at 1.2x Liger with PDL?).
