@@ -580,6 +580,16 @@ struct SoftmaxStagedMinBlocks {
   static constexpr int value = kStagedKeepExp && !LOG && ELEMS > 32 ? 1 : SoftmaxMinBlocks<THREADS>::value;
 };
 
+// FK_SOFTMAX_STAGGER (experiment, default 0): the odd clusters of the staged forward start their first
+// row that many SM cycles late (thread 0 spins on clock64 after the opening loads), so that the two CTAs
+// an SM holds, if they belong to clusters of different parity, are half a row step apart: one in its
+// exponentials while the other waits on its merge or copy, where in lockstep both wait at once (Nsight
+// Compute on the H200: issue slots 41 % busy, 1.1 eligible warps a scheduler). Costs the odd clusters
+// the delay once. A/B: AB_OPTIONS="-DFK_SOFTMAX_STAGGER=4000 @ 262144;..." tools/ab_nvrtc_options.py.
+#ifndef FK_SOFTMAX_STAGGER
+#define FK_SOFTMAX_STAGGER 0
+#endif
+
 template <typename T, typename O, int VEC, int ITEMS, int WARPS, int CLUSTER, bool LOG, int STAGES = 1>
 __global__ void __launch_bounds__(32 * WARPS, SoftmaxStagedMinBlocks<32 * WARPS, ITEMS * VEC, LOG>::value)
 softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int N, float scale) {
@@ -593,6 +603,16 @@ softmax_fwd_staged(const T* __restrict__ x, O* __restrict__ y, long long M, int 
   const int rank = CLUSTER > 1 ? (int)(blockIdx.x % CLUSTER) : 0;
   long long row = blockIdx.x / CLUSTER;  // < M: the host launches at most M clusters
   staged_open<CLUSTER>(ch, box, row, M, [](long long) { return true; });
+  if constexpr (FK_SOFTMAX_STAGGER > 0) {
+    if (row & 1) {  // uniform over the cluster
+      if (threadIdx.x == 0) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < FK_SOFTMAX_STAGGER) {
+        }
+      }
+      __syncthreads();
+    }
+  }
   const float c = __fmul_rn(scale, kLog2e);
   for (int step = 0; row < M; row += ch.G, ++step) {
     Vec<T, VEC> in[1][ITEMS];

@@ -28,11 +28,14 @@ case "$G" in *H200*) ;; *) echo "not an H200: nothing new to run here"; exit 0;;
 # tests and compute-sanitizer built with it passed there (gpu_tests_one_exp3_H100_2026-12-07T1901Z.txt);
 # NEXT_TESTS=1 runs them again here. Beside it, FK_SOFTMAX_FULL=1 (the register forwards' bounds tests
 # compiled out where N fills the config; never timed on an H200) and torch.compile / Liger (AB_PEERS).
+# And FK_SOFTMAX_STAGGER (cuda/softmax.cu): the staged forward's odd clusters start 4000 / 8000 cycles
+# late (a row step is about 16,600 cycles on the H200), so co-resident CTAs leave lockstep (at 262144 only).
 C="262144:staged,8,4,16,16;262144:staged,8,4,32,8;262144:staged,8,4,16,16,2;262144:staged,8,4,32,8,2"
 C="$C;65536:cluster,8,4,32,2;65536:staged,8,4,16,4;65536:staged,8,4,16,4,2"
 C="$C;262144:cluster,8,8,8,16"  # the non-persistent cluster kernel: 0.920 on the H100 (12-06), never on an H200
 F="-DFK_SOFTMAX_FULL=1 @ 131072x1024,32768x4096,16384x8192,8192x16384"  # the register forwards' FULL
-AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$F" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C" AB_PEERS=1 \
+S="-DFK_SOFTMAX_STAGGER=4000 @ 262144;-DFK_SOFTMAX_STAGGER=8000 @ 262144"  # odd clusters start late
+AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$S;$F" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C" AB_PEERS=1 \
   AB_NUMERICS=1 AB_ROUNDS=3 timeout 200 python3 tools/ab_nvrtc_options.py "$OUT/ab_one_exp.json" \
   > "$OUT/ab_one_exp.log" 2>&1
 grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -40
