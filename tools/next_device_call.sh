@@ -33,6 +33,7 @@ case "$G" in *H200*) ;; *) echo "not an H200: nothing new to run here"; exit 0;;
 C="262144:staged,8,4,16,16;262144:staged,8,4,32,8;262144:staged,8,4,16,16,2;262144:staged,8,4,32,8,2"
 C="$C;65536:cluster,8,4,32,2;65536:staged,8,4,16,4;65536:staged,8,4,16,4,2"
 C="$C;262144:cluster,8,8,8,16"  # the non-persistent cluster kernel: 0.920 on the H100 (12-06), never on an H200
+C="$C;262144:staged,8,8,32,4"  # clusters of 4 x 1024 threads: 128 SMs or more busy, 512 rows on 32-33 = 16 steps
 F="-DFK_SOFTMAX_FULL=1 @ 131072x1024,32768x4096,16384x8192,8192x16384"  # the register forwards' FULL
 S="-DFK_SOFTMAX_STAGGER=4000 @ 262144;-DFK_SOFTMAX_STAGGER=8000 @ 262144"  # odd clusters start late
 AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$S;$F" AB_OPS=softmax_fwd,long_softmax AB_SOFTMAX_CFGS="$C" AB_PEERS=1 \
@@ -41,9 +42,9 @@ AB_OPTIONS="-DFK_SOFTMAX_ONE_EXP=3;$S;$F" AB_OPS=softmax_fwd,long_softmax AB_SOF
 grep -E "SUMMARY|differ" "$OUT/ab_one_exp.log" | tail -40
 # 0b. Fill / drain and the tail of 512 rows on G clusters, on the H200 (the H100's: 7.9 us fixed, 11.0 us a
 # step; 512 rows on 30 clusters are 18 steps where 17.07 would do). Shipped build; beside it the ring
-# (4, 32 warps, 8 CTAs, 2 buffers), the H200's best staged config (0.864).
-PROBE_FWD_CONFIGS="8,4,32,8,2" timeout 90 python3 tools/probe_staged_rows.py "$OUT/probe_staged_rows.json" \
-  > "$OUT/probe_staged_rows.log" 2>&1
+# (4, 32 warps, 8 CTAs, 2 buffers), the H200's best staged config (0.864), and (8, 32 warps, 4 CTAs).
+PROBE_FWD_CONFIGS="8,4,32,8,2;8,8,32,4" timeout 100 python3 tools/probe_staged_rows.py \
+  "$OUT/probe_staged_rows.json" > "$OUT/probe_staged_rows.log" 2>&1
 grep -E "per step|rc=|Error" "$OUT/probe_staged_rows.log" | head -12
 
 # 2. The L1 policies of the norm forwards (FK_NORM_L1, cuda/norms.cu) beside torch.compile: the H100 A/B
