@@ -89,7 +89,7 @@
 // prefetching kernel); bit 1 adds nothing. The H200 A/B of that one case decides whether it stays. Bit 3
 // (4): bit 2 in the prefetching FP8 forwards alone (the kernels whose rows the L2 already holds), the
 // plain forwards as shipped.
-// A/B: AB_OPTIONS="-DFK_NORM_L1=1;-DFK_NORM_L1=2;-DFK_NORM_L1=3" AB_OPS=norm AB_PEERS=1
+// A/B: AB_OPTIONS="-DFK_NORM_L1=2;-DFK_NORM_L1=4" AB_OPS=norm AB_PEERS=1
 // tools/ab_nvrtc_options.py.
 #ifndef FK_NORM_L1
 #define FK_NORM_L1 0
